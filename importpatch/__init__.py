@@ -1,0 +1,63 @@
+"""importpatch: patch Python packages (vLLM first) as their modules are imported, in every process.
+
+Importing this package is cheap: the public names below load their modules on first use.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = [
+    "Patch", "PatchError", "DeclarationError", "enable", "disable", "applied",
+]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .declare import DeclarationError, Patch
+    from .errors import PatchError
+
+_LAZY = {
+    "Patch": "declare", "DeclarationError": "declare", "PatchError": "errors",
+    "applied": "events",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'importpatch' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"importpatch.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def enable(*names: str, environ: dict[str, str] | None = None) -> int:
+    """Turn patching on now, in this process: patches named here (or by the environment, when
+    none are named) plus patches made with ``Patch(...)`` in this process. Targets imported later
+    are patched as they load; targets already imported are patched in place and their
+    ``from x import y`` copies re-bound. Returns the number of enabled patches."""
+    import os
+
+    from . import _boot, config
+
+    env = dict(os.environ if environ is None else environ)
+    if names:
+        current = config.get(env, config.ENABLE) or ""
+        env[config.ENABLE] = ",".join(filter(None, [current, *names]))
+    from .declare import iter_registry
+
+    api_names = [p.name for p in iter_registry()]
+    if api_names:
+        env[config.ENABLE] = ",".join(filter(None, [env.get(config.ENABLE, ""), *api_names]))
+    finder = _boot.activate(env, late=True)
+    return len(finder.entries) if finder is not None else 0
+
+
+def disable() -> None:
+    """Stop patching modules imported from now on (already patched modules stay patched)."""
+    from .finder import uninstall
+
+    uninstall()

@@ -1,0 +1,306 @@
+"""Declaring patches: the ``Patch`` object and its decorators, and ``.diff`` files with a header.
+
+A declaration never imports its target: targets are strings, ``"pkg.mod:Qual.name"``, and a
+module that moved between releases is written as candidates, ``"new.path|old.path:name"``
+(the first candidate that exists in the installed package wins).
+
+    from importpatch import Patch
+
+    patch = Patch("priority-scheduler", requires="vllm>=0.10", doc="...")
+
+    @patch.replace("vllm.v1.core.sched.scheduler:Scheduler.schedule")
+    def schedule(self): ...
+
+Patch objects made while a patch file is being discovered are collected by ``collecting()``;
+the others (made in application code) go to ``_registry`` and are enabled with
+``importpatch.enable()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any
+
+    from .diffs import FilePatch
+
+_MISSING: Any = object()
+
+# Kinds of operation. replace/wrap/add bind Python objects at the definition site; diff and
+# transform change the module's source / tree before it is compiled.
+REPLACE, WRAP, ADD, DIFF, TRANSFORM = "replace", "wrap", "add", "diff", "transform"
+CODE_KINDS = (DIFF, TRANSFORM)
+
+
+class DeclarationError(ValueError):
+    """A patch declaration is malformed (bad target string, bad header, bad option)."""
+
+
+def parse_target(target: str) -> tuple[tuple[str, ...], str]:
+    """``"a.b|c.d:Cls.meth"`` -> ``(("a.b", "c.d"), "Cls.meth")``."""
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise DeclarationError(
+            f"target {target!r} must look like 'package.module:Name' or 'package.module:Class.attr'"
+        )
+    mods, qual = target.split(":")
+    modules = tuple(m.strip() for m in mods.split("|"))
+    for part in (*modules, *qual.split(".")):
+        if not all(p.isidentifier() for p in part.split(".")):
+            raise DeclarationError(f"target {target!r}: {part!r} is not a dotted Python name")
+    return modules, qual
+
+
+class Op:
+    """One operation of a patch on one target."""
+
+    __slots__ = ("patch", "kind", "modules", "qualname", "obj", "decorated", "order", "file_patch")
+
+    def __init__(
+        self,
+        patch: Patch,
+        kind: str,
+        modules: tuple[str, ...],
+        qualname: str | None = None,
+        obj: Any = None,
+        decorated: bool = False,
+        order: int = 0,
+        file_patch: FilePatch | None = None,
+    ) -> None:
+        self.patch = patch
+        self.kind = kind
+        self.modules = modules
+        self.qualname = qualname
+        self.obj = obj
+        self.decorated = decorated
+        self.order = order
+        self.file_patch = file_patch
+
+    @property
+    def target(self) -> str:
+        mods = "|".join(self.modules)
+        return f"{mods}:{self.qualname}" if self.qualname else mods
+
+    def __repr__(self) -> str:
+        return f"<Op {self.patch.name} {self.kind} {self.target}>"
+
+
+class Patch:
+    """A named set of operations with one version requirement and one on/off switch.
+
+    ``requires``: PEP 440 requirement(s) on a distribution or import package, e.g.
+    ``"vllm>=0.30,<0.34"``; a patch whose requirement does not hold is skipped (and says why).
+    ``default``: on after ``pip install`` without any environment variable.
+    ``on_error``: ``"fail"`` (default: the target's import raises ``PatchError``) or ``"warn"``
+    (log, skip this patch, import the module unpatched).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        requires: str | list[str] | tuple[str, ...] | None = None,
+        default: bool = False,
+        on_error: str = "fail",
+        doc: str = "",
+    ) -> None:
+        if not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise DeclarationError(f"patch name {name!r}: use letters, digits, - _ .")
+        if name == "all":
+            raise DeclarationError("'all' is reserved (IMPORTPATCH_ENABLE=all)")
+        if on_error not in ("fail", "warn"):
+            raise DeclarationError(f"patch {name}: on_error must be 'fail' or 'warn'")
+        if isinstance(requires, str):
+            requires = [r for r in (s.strip() for s in requires.split(";")) if r]
+        self.name = name
+        self.requires: tuple[str, ...] = tuple(requires or ())
+        self.default = bool(default)
+        self.on_error = on_error
+        self.doc = doc
+        self.ops: list[Op] = []
+        self.source = "<python>"  # file or entry point it was discovered in; set by the catalog
+        self.origin = "api"  # "builtin", "folder", "entry-point" or "api"
+        _collect(self)
+
+    def __repr__(self) -> str:
+        return f"<Patch {self.name} ({len(self.ops)} ops)>"
+
+    # -- Python objects landed at the definition site ------------------------------------------
+
+    def replace(self, target: str, obj: Any = _MISSING, *, decorated: bool = False) -> Any:
+        """Replace a function, class, attribute, method, staticmethod, classmethod or property.
+
+        By default (``decorated=False``) the replacement stands in for the *undecorated*
+        definition: the original's decorators are then applied to it (a registry decorator or
+        ``@triton.jit`` sees the replacement). ``decorated=True`` replaces the decorated result.
+        Usable as a decorator, or with the replacement object as second argument.
+        """
+        return self._op(REPLACE, target, obj, decorated=decorated)
+
+    def wrap(
+        self, target: str, wrapper: Any = _MISSING, *, decorated: bool = False, order: int = 0
+    ) -> Any:
+        """Wrap a callable: ``wrapper(wrapped, instance, args, kwargs)`` (wrapt's convention).
+
+        The result keeps the original's signature, ``__wrapped__``, ``__name__``, ``__doc__`` and
+        descriptor behaviour. Several wraps of one target compose by ``(order, patch name)``:
+        the first is innermost.
+        """
+        return self._op(WRAP, target, wrapper, decorated=decorated, order=order)
+
+    def add(self, target: str, obj: Any = _MISSING) -> Any:
+        """Add a new attribute to a module or class (it must not exist there already)."""
+        return self._op(ADD, target, obj, decorated=True)
+
+    def _op(self, kind: str, target: str, obj: Any, *, decorated: bool, order: int = 0) -> Any:
+        modules, qual = parse_target(target)
+        def register(value: Any) -> Any:
+            self.ops.append(Op(self, kind, modules, qual, value, decorated=decorated, order=order))
+            return value
+
+        if obj is _MISSING:
+            return register
+        return register(obj)
+
+    # -- Code changes applied before the module is compiled ------------------------------------
+
+    def diff(
+        self, text: str | None = None, *, path: str | os.PathLike[str] | None = None,
+        candidates: dict[str, list[str]] | None = None,
+    ) -> None:
+        """A unified diff (``git diff`` in a checkout of the target package), as text or a file.
+
+        ``candidates`` maps a path in the diff to other paths the module had in other releases:
+        ``{"vllm/v1/attention/ops/x.py": ["vllm/attention/ops/x.py"]}``.
+        """
+        from . import diffs
+
+        if (text is None) == (path is None):
+            raise DeclarationError(f"patch {self.name}: give the diff text or path=, not both")
+        if path is not None:
+            with open(path, encoding="utf-8", newline="") as f:
+                text = f.read()
+        assert text is not None
+        try:
+            parsed = diffs.parse(text)
+        except diffs.DiffError as exc:
+            raise DeclarationError(f"patch {self.name}: malformed diff: {exc}") from None
+        if not parsed.files:
+            raise DeclarationError(f"patch {self.name}: the diff changes no file")
+        for fp in parsed.files:
+            others = (candidates or {}).get(fp.path, [])
+            modules = (fp.module, *(diffs.module_name(p) for p in others))
+            self.ops.append(Op(self, DIFF, modules, file_patch=fp))
+
+    def transform(self, module: str, fn: Any = _MISSING) -> Any:
+        """An AST transform: ``fn(tree: ast.Module) -> ast.Module`` for module ``module``
+        (``"a.b|old.a.b"`` candidates allowed). Statements it does not touch keep their lines."""
+        modules = tuple(m.strip() for m in module.split("|"))
+        for m in modules:
+            if not all(p.isidentifier() for p in m.split(".")):
+                raise DeclarationError(f"patch {self.name}: {m!r} is not a module name")
+
+        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+            self.ops.append(Op(self, TRANSFORM, modules, obj=func))
+            return func
+
+        if fn is _MISSING:
+            return register
+        return register(fn)
+
+    # -- Helpers ---------------------------------------------------------------------------------
+
+    @property
+    def modules(self) -> list[tuple[str, ...]]:
+        """Candidate groups of every target module, without duplicates, in declaration order."""
+        seen: list[tuple[str, ...]] = []
+        for op in self.ops:
+            if op.modules not in seen:
+                seen.append(op.modules)
+        return seen
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted({op.kind for op in self.ops})
+
+
+# -- .diff / .patch files ------------------------------------------------------------------------
+
+# Header keys understood in the free text before the first file of a diff (git apply ignores it).
+# One per line, "Key: value", optionally behind "# ". Unknown keys are kept as documentation.
+HEADER_KEYS = ("name", "requires", "default", "on-error", "candidates", "summary")
+
+
+def parse_header(preamble: str) -> dict[str, list[str]]:
+    header: dict[str, list[str]] = {}
+    for raw in preamble.splitlines():
+        line = raw.strip().lstrip("#").strip()
+        key, sep, value = line.partition(":")
+        key = key.strip().lower()
+        if sep and key in HEADER_KEYS:
+            header.setdefault(key, []).append(value.strip())
+    return header
+
+
+def patch_from_diff_file(path: str) -> Patch:
+    """A ``Patch`` from a ``.diff``/``.patch`` file; name defaults to the file's stem."""
+    from . import diffs
+
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    try:
+        parsed = diffs.parse(text)
+    except diffs.DiffError as exc:
+        raise DeclarationError(f"{path}: malformed diff: {exc}") from None
+    header = parse_header(parsed.preamble)
+    name = (header.get("name") or [os.path.splitext(os.path.basename(path))[0]])[0]
+    default_raw = (header.get("default") or ["off"])[0].lower()
+    if default_raw not in ("on", "off", "true", "false", "yes", "no"):
+        raise DeclarationError(f"{path}: 'Default: {default_raw}' must be on or off")
+    candidates: dict[str, list[str]] = {}
+    for line in header.get("candidates", []):
+        first, *others = line.split()
+        candidates.setdefault(first, []).extend(others)
+    patch = Patch(
+        name,
+        requires=[r for line in header.get("requires", []) for r in line.split(";") if r.strip()],
+        default=default_raw in ("on", "true", "yes"),
+        on_error=(header.get("on-error") or ["fail"])[0].lower(),
+        doc=(header.get("summary") or [""])[0],
+    )
+    for fp in parsed.files:
+        others = candidates.get(fp.path, [])
+        modules = (fp.module, *(diffs.module_name(p) for p in others))
+        patch.ops.append(Op(patch, DIFF, modules, file_patch=fp))
+    if not patch.ops:
+        raise DeclarationError(f"{path}: the diff changes no file")
+    patch.source = path
+    return patch
+
+
+# -- Collecting declarations -----------------------------------------------------------------------
+
+_registry: list[Patch] = []  # made by application code (enable() picks them up)
+_collector: list[list[Patch]] = []  # stack: a patch file being discovered collects its own
+
+
+def _collect(patch: Patch) -> None:
+    (_collector[-1] if _collector else _registry).append(patch)
+
+
+class collecting:
+    """``with collecting() as found:`` gathers the Patch objects made inside the block."""
+
+    def __enter__(self) -> list[Patch]:
+        self.found: list[Patch] = []
+        _collector.append(self.found)
+        return self.found
+
+    def __exit__(self, *exc: object) -> None:
+        _collector.pop()
+
+
+def iter_registry() -> Iterator[Patch]:
+    return iter(list(_registry))

@@ -1,0 +1,711 @@
+"""Parse unified diffs (as ``git diff`` writes them) and apply them to source text.
+
+The diffs are made in a checkout of a target package and applied, in memory, to
+the text of the installed module, so this module is deliberately strict: a hunk
+either fits exactly (every context and removed line equal) at or near its
+stated position, or applying fails with an explanation.  There is no fuzz.
+
+Line model (shared by the parser and the applier, which is what makes them agree):
+
+* Text is split on ``"\\n"`` only.  ``str.splitlines`` is not used because it
+  also splits on form feed, ``\\x1c``, ``\\u2028`` and friends, which may occur
+  inside a Python source line and which git does not treat as line breaks.
+* One trailing ``"\\r"`` of a line belongs to its line ending, not its text.  So a
+  CRLF source matches a diff with LF endings, and a diff saved with CRLF endings
+  (or the ``\\r`` that ``git diff`` shows for a CRLF file) matches an LF source.
+* Whether the last line has a line ending is tracked separately, exactly like
+  the ``\\ No newline at end of file`` marker does in the diff.
+
+Only what this library can do in memory is accepted: changes to the content of
+existing ``.py`` files.  File creation, deletion, renames, copies, mode-only
+changes, binary and combined diffs raise ``DiffError`` saying "not supported".
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "DiffError",
+    "FilePatch",
+    "Hunk",
+    "HunkMismatch",
+    "ParsedDiff",
+    "apply",
+    "make_diff",
+    "module_name",
+    "parse",
+]
+
+
+class DiffError(ValueError):
+    """Malformed or unsupported diff text.
+
+    ``lineno`` is the 1-based line of the diff the message is about (None when
+    the error is not about a diff line, e.g. from ``module_name``).
+    """
+
+    def __init__(self, message: str, lineno: int | None = None) -> None:
+        # Both go to args so the exception pickles and re-raises across processes.
+        super().__init__(message, lineno)
+        self.message = message
+        self.lineno = lineno
+
+    def __str__(self) -> str:
+        if self.lineno is None:
+            return self.message
+        return f"diff line {self.lineno}: {self.message}"
+
+
+class HunkMismatch(Exception):
+    """A hunk's context/removed lines are not in the source (within the offset bound).
+
+    Attributes: ``path``, ``hunk_index`` (1-based), ``header`` (the ``@@`` line),
+    ``expected`` (first mismatching expected line; ``"<end of file>"`` when the
+    diff says the file ends there; ``""`` for a hunk with no old-side lines),
+    ``line`` (1-based source line where it was expected, at the hunk's stated
+    position adjusted by earlier hunks' offsets), ``actual`` (that source line,
+    None past EOF), ``nearest`` (1-based source line where the hunk's old side
+    fits best by count of equal lines, None if no line is equal anywhere),
+    ``nearest_score`` (fraction of old-side lines equal there, 0..1), plus
+    ``reason`` (extra explanation, may be empty) and ``max_offset``.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        hunk_index: int,
+        header: str,
+        expected: str,
+        line: int,
+        actual: str | None,
+        nearest: int | None,
+        nearest_score: float,
+        reason: str = "",
+        max_offset: int = 0,
+    ) -> None:
+        super().__init__(
+            path, hunk_index, header, expected, line, actual,
+            nearest, nearest_score, reason, max_offset,
+        )  # fmt: skip
+        self.path = path
+        self.hunk_index = hunk_index
+        self.header = header
+        self.expected = expected
+        self.line = line
+        self.actual = actual
+        self.nearest = nearest
+        self.nearest_score = nearest_score
+        self.reason = reason
+        self.max_offset = max_offset
+
+    def __str__(self) -> str:
+        found = "end of file" if self.actual is None else repr(self.actual)
+        text = (
+            f"{self.path}: hunk #{self.hunk_index} {self.header!r} does not apply "
+            f"at its stated position or within {self.max_offset} lines of it: "
+            f"at line {self.line} expected {self.expected!r} but found {found}"
+        )
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.nearest is None:
+            text += "; no line of the hunk's old side occurs anywhere in the source."
+        else:
+            text += (
+                f"; the closest fit in the whole source starts at line {self.nearest} "
+                f"({self.nearest_score:.0%} of the hunk's old-side lines match there)."
+            )
+        return text
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One ``@@`` hunk.
+
+    Invariants (established by ``parse``): the number of ``' '``/``'-'`` lines is
+    ``old_len`` and of ``' '``/``'+'`` lines is ``new_len``; a start is 0 only
+    when its length is 0; an ``*_eof_no_newline`` flag is set only if that side
+    has at least one line, and only on the last hunk of a file.
+    """
+
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    header: str
+    lines: tuple[tuple[str, str], ...]
+    old_eof_no_newline: bool
+    new_eof_no_newline: bool
+
+    @property
+    def old_lines(self) -> list[str]:
+        """The text of the old side: context and removed lines, in order."""
+        return [text for tag, text in self.lines if tag != "+"]
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    """The hunks for one file.  Invariant: at least one hunk, in ascending,
+    non-overlapping old-side order (so they can be applied in one pass)."""
+
+    old_path: str | None
+    new_path: str | None
+    hunks: tuple[Hunk, ...]
+
+    @property
+    def path(self) -> str:
+        path = self.new_path or self.old_path
+        if path is None:
+            raise DiffError("file patch has neither an old nor a new path")
+        return path
+
+    @property
+    def module(self) -> str:
+        return module_name(self.path)
+
+
+@dataclass(frozen=True)
+class ParsedDiff:
+    preamble: str
+    files: tuple[FilePatch, ...]
+
+
+# --------------------------------------------------------------------------- parsing
+
+# ASCII digits only: \d would also accept e.g. Arabic-Indic digits, which int() takes.
+# The digit count is bounded so int() never hits its str-conversion limit.
+_HUNK_RE = re.compile(
+    r"@@ -([0-9]{1,18})(?:,([0-9]{1,18}))? \+([0-9]{1,18})(?:,([0-9]{1,18}))? @@(.*)",
+    re.DOTALL,
+)
+
+# git extended header lines that do not change what we do with the content.
+_HARMLESS_GIT_HEADERS = ("index ", "old mode ", "new mode ", "dissimilarity index ")
+# git extended header lines that mean an operation we cannot do in memory.
+_UNSUPPORTED_GIT_HEADERS = {
+    "new file mode ": "file creation",
+    "deleted file mode ": "file deletion",
+    "rename from ": "rename",
+    "rename to ": "rename",
+    "rename old ": "rename",
+    "rename new ": "rename",
+    "copy from ": "copy",
+    "copy to ": "copy",
+    "similarity index ": "rename/copy",
+}
+
+_C_ESCAPES = {
+    "a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92,
+}  # fmt: skip
+
+
+def _is_binary_line(line: str) -> bool:
+    return line.startswith("GIT binary patch") or (
+        line.startswith("Binary files ") and line.endswith(" differ")
+    )
+
+
+def _unquote_c_style(s: str, lineno: int) -> tuple[str, str]:
+    """Decode a git C-style quoted path at the start of ``s``; return (path, rest).
+
+    git quotes paths with special characters, and by default (core.quotePath)
+    every non-ASCII byte as octal, so non-ASCII file names need this.
+    """
+    out = bytearray()
+    i = 1
+    while i < len(s):
+        ch = s[i]
+        if ch == '"':
+            try:
+                return out.decode("utf-8"), s[i + 1 :]
+            except UnicodeDecodeError:
+                raise DiffError(f"quoted path {s!r} is not valid UTF-8", lineno) from None
+        if ch == "\\":
+            esc = s[i + 1 : i + 2]
+            if esc in _C_ESCAPES:
+                out.append(_C_ESCAPES[esc])
+                i += 2
+                continue
+            octal = s[i + 1 : i + 4]
+            if len(octal) == 3 and all(c in "01234567" for c in octal) and octal[0] in "0123":
+                out.append(int(octal, 8))
+                i += 4
+                continue
+            raise DiffError(f"bad escape in quoted path {s!r}", lineno)
+        out.extend(ch.encode("utf-8", "surrogatepass"))
+        i += 1
+    raise DiffError(f"unterminated quoted path {s!r}", lineno)
+
+
+def _header_path(line: str, marker: str, lineno: int) -> str:
+    """The path of a '--- '/'+++ ' line, without quotes or trailing tab+timestamp.
+
+    git ends names containing a space with a tab, GNU diff puts a tab before the
+    timestamp; a tab cannot otherwise appear in an unquoted name.
+    """
+    raw = line[len(marker) :]
+    if raw.startswith('"'):
+        path, _ = _unquote_c_style(raw, lineno)
+    else:
+        path = raw.split("\t", 1)[0]
+    if not path:
+        raise DiffError(f"expected a path after {marker.strip()!r}", lineno)
+    return path
+
+
+def _is_file_header(lines: list[str], i: int) -> bool:
+    """A non-git file header: '--- ' immediately followed by '+++ '.
+
+    Requiring the pair keeps the lone '---' of a format-patch mail (before the
+    diffstat) and a removed line starting with '-- ' from being taken as headers.
+    """
+    return (
+        lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+    )
+
+
+def _parse_hunk(lines: list[str], i: int) -> tuple[Hunk, int]:
+    """Parse the hunk whose header is lines[i]; return it and the index after it."""
+    header = lines[i]
+    m = _HUNK_RE.fullmatch(header)
+    if m is None:
+        raise DiffError(
+            f"malformed hunk header {header!r}, expected '@@ -a,b +c,d @@'", i + 1
+        )
+    old_start, new_start = int(m.group(1)), int(m.group(3))
+    # An omitted length means 1 (diff writes '-3' for a single line).
+    old_len = int(m.group(2)) if m.group(2) is not None else 1
+    new_len = int(m.group(4)) if m.group(4) is not None else 1
+    if (old_start == 0 and old_len) or (new_start == 0 and new_len):
+        raise DiffError(f"hunk header {header!r}: a non-empty range cannot start at line 0", i + 1)
+
+    body: list[tuple[str, str]] = []
+    rem_old, rem_new = old_len, new_len
+    old_nl = new_nl = False
+    after_marker = False
+    j = i + 1
+    while j < len(lines):
+        line = lines[j]
+        tag = line[:1]
+        if rem_old == 0 and rem_new == 0 and tag != "\\":
+            break  # complete; only a no-newline marker may still belong to the last line
+        if tag == "\\":
+            # '\ No newline at end of file' (text may be localized by GNU diff).
+            if not body or after_marker:
+                raise DiffError("'\\ No newline at end of file' must follow a hunk line", j + 1)
+            prev = body[-1][0]
+            # The marker says the previous line is the last of its side(s), so
+            # nothing of that side may follow it.
+            if (prev in " -" and rem_old) or (prev in " +" and rem_new):
+                raise DiffError(
+                    f"'\\ No newline at end of file' before the end of the hunk's "
+                    f"{'old' if prev in ' -' and rem_old else 'new'} side "
+                    f"(header {header!r} at line {i + 1})",
+                    j + 1,
+                )
+            old_nl = old_nl or prev in " -"
+            new_nl = new_nl or prev in " +"
+            after_marker = True
+            j += 1
+            continue
+        # An empty line is an empty context line whose leading space was eaten
+        # (editors strip trailing whitespace); git apply accepts it too.
+        if tag == " " or line == "":
+            ok = rem_old > 0 and rem_new > 0
+        elif tag == "-":
+            ok = rem_old > 0
+        elif tag == "+":
+            ok = rem_new > 0
+        else:
+            raise DiffError(
+                f"hunk ends early: expected a ' ', '-' or '+' line, found {line!r}; "
+                f"header {header!r} at line {i + 1} promises {rem_old} more old-side "
+                f"and {rem_new} more new-side lines",
+                j + 1,
+            )
+        if not ok:
+            raise DiffError(
+                f"hunk has more lines than its header says: {line[:1]!r} line where "
+                f"header {header!r} at line {i + 1} promises {rem_old} more old-side "
+                f"and {rem_new} more new-side lines",
+                j + 1,
+            )
+        body.append((tag or " ", line[1:]))
+        rem_old -= tag != "+"
+        rem_new -= tag != "-"
+        after_marker = False
+        j += 1
+    if rem_old or rem_new:
+        raise DiffError(
+            f"diff ends inside hunk {header!r}: {rem_old} old-side and {rem_new} "
+            f"new-side lines missing",
+            i + 1,
+        )
+    hunk = Hunk(
+        old_start, old_len, new_start, new_len, header, tuple(body), old_nl, new_nl
+    )
+    return hunk, j
+
+
+def _old_range_start(h: Hunk) -> int:
+    """0-based index of the first old-side line; for an empty old side the
+    header names the line *before* the insertion point, which is the same number."""
+    return h.old_start - 1 if h.old_len else h.old_start
+
+
+def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
+    """Parse one file's patch starting at lines[i] ('diff --git' or '--- ')."""
+    if lines[i].startswith("diff --git "):
+        git_line = i
+        modes = False
+        i += 1
+        while i < len(lines) and not lines[i].startswith("--- "):
+            line = lines[i]
+            for prefix, what in _UNSUPPORTED_GIT_HEADERS.items():
+                if line.startswith(prefix):
+                    raise DiffError(f"{what} is not supported ({line!r})", i + 1)
+            if _is_binary_line(line):
+                raise DiffError(f"binary patches are not supported ({line!r})", i + 1)
+            if not line.startswith(_HARMLESS_GIT_HEADERS):
+                break
+            modes = modes or line.startswith(("old mode ", "new mode "))
+            i += 1
+        if i == len(lines) or not lines[i].startswith("--- "):
+            if modes and (i == len(lines) or lines[i].startswith("diff ")):
+                raise DiffError(
+                    f"mode-only change is not supported (no content to patch): "
+                    f"{lines[git_line]!r}",
+                    git_line + 1,
+                )
+            found = repr(lines[i]) if i < len(lines) else "end of diff"
+            raise DiffError(
+                f"expected '--- a/<path>' in the git header that starts at line "
+                f"{git_line + 1}, found {found}",
+                i + 1,
+            )
+    if not _is_file_header(lines, i):
+        raise DiffError(f"expected '+++ b/<path>' after {lines[i]!r}", i + 2)
+    old = _header_path(lines[i], "--- ", i + 1)
+    new = _header_path(lines[i + 1], "+++ ", i + 2)
+    if old == "/dev/null":
+        raise DiffError(f"file creation is not supported ({lines[i]!r})", i + 1)
+    if new == "/dev/null":
+        raise DiffError(f"file deletion is not supported ({lines[i + 1]!r})", i + 2)
+    # git's default prefixes.  Only stripped as a pair, so a --no-prefix diff of a
+    # package that is really called 'a' keeps its name.
+    if old.startswith("a/") and new.startswith("b/"):
+        old, new = old[2:], new[2:]
+    i += 2
+
+    if i >= len(lines) or not lines[i].startswith("@@"):
+        found = repr(lines[i]) if i < len(lines) else "end of diff"
+        raise DiffError(f"expected a hunk header '@@ -a,b +c,d @@', found {found}", i + 1)
+    if lines[i].startswith("@@@"):
+        raise DiffError("combined diffs ('@@@') are not supported", i + 1)
+    hunks: list[Hunk] = []
+    hunk_lines: list[int] = []
+    while i < len(lines) and lines[i].startswith("@@"):
+        hunk_lines.append(i + 1)
+        hunk, i = _parse_hunk(lines, i)
+        hunks.append(hunk)
+    if i < len(lines):
+        # What follows the last hunk may be free text (a format-patch signature
+        # '-- ', blank lines, 'diff -r' lines between files), but a line that looks
+        # like hunk content means the header's counts are wrong: fail rather than
+        # silently drop it.
+        nxt = lines[i]
+        looks_like_body = nxt.startswith((" ", "+", "\\")) or (
+            nxt.startswith("-") and nxt != "-- " and not _is_file_header(lines, i)
+        )
+        if looks_like_body:
+            raise DiffError(
+                f"hunk has more lines than its header {hunks[-1].header!r} "
+                f"(line {hunk_lines[-1]}) says: {nxt!r}",
+                i + 1,
+            )
+
+    for k in range(1, len(hunks)):
+        prev, cur = hunks[k - 1], hunks[k]
+        if _old_range_start(cur) < _old_range_start(prev) + prev.old_len:
+            raise DiffError(
+                f"hunk {cur.header!r} overlaps or precedes the previous hunk "
+                f"{prev.header!r}; hunks must be in file order",
+                hunk_lines[k],
+            )
+        if prev.old_eof_no_newline or prev.new_eof_no_newline:
+            raise DiffError(
+                f"hunk {prev.header!r} has '\\ No newline at end of file' but is "
+                f"not the last hunk of the file",
+                hunk_lines[k - 1],
+            )
+    return FilePatch(old, new, tuple(hunks)), i
+
+
+def parse(text: str) -> ParsedDiff:
+    """Parse a unified diff of one or more files.
+
+    Free text before the first file header is returned as ``preamble``; free
+    text between files is skipped (both as ``git apply`` does).
+    """
+    raw = text.split("\n")
+    if raw[-1] == "":
+        raw.pop()  # the text's final newline terminates a line, it does not start one
+    lines = [line[:-1] if line.endswith("\r") else line for line in raw]
+
+    files: list[FilePatch] = []
+    first: int | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("diff --git ") or _is_file_header(lines, i):
+            if first is None:
+                first = i
+            patch, i = _parse_file(lines, i)
+            files.append(patch)
+        elif line.startswith(("diff --cc ", "diff --combined ")):
+            raise DiffError(f"combined diffs are not supported ({line!r})", i + 1)
+        elif _is_binary_line(line):
+            raise DiffError(f"binary patches are not supported ({line!r})", i + 1)
+        elif _HUNK_RE.fullmatch(line):
+            raise DiffError(
+                f"hunk header {line!r} without a file header ('--- a/<path>' / '+++ b/<path>')",
+                i + 1,
+            )
+        else:
+            i += 1
+    if first is None:
+        return ParsedDiff(text, ())
+    # Exactly the original characters of the lines before the first header.
+    preamble = "".join(part + "\n" for part in raw[:first])
+    return ParsedDiff(preamble, tuple(files))
+
+
+# --------------------------------------------------------------------------- applying
+
+
+def _position_fits(
+    keys: list[str], final_nl: bool, old: list[str], hunk: Hunk, p: int
+) -> bool:
+    """Whether the hunk's old side is exactly at 0-based line p of the source."""
+    n, length = len(keys), len(old)
+    if length and keys[p] != old[0]:  # cheap reject first: most candidates fail here
+        return False
+    if keys[p : p + length] != old:
+        return False
+    at_eof = p + length == n
+    if (hunk.old_eof_no_newline or hunk.new_eof_no_newline) and not at_eof:
+        return False  # the marker pins the hunk to the end of the file
+    # No fuzz on the final newline either: a hunk that touches the last line
+    # must agree with the source about whether it ends with a newline.
+    return not (at_eof and n and final_nl == hunk.old_eof_no_newline)
+
+
+def _similarity(keys: list[str], old: list[str], stated: int) -> tuple[int | None, float]:
+    """Best start for ``old`` in ``keys`` by number of equal lines, in O(n + hits).
+
+    Each source line votes for every start position that would align it with an
+    equal old-side line.  Ties go to the start nearest ``stated``, then earlier.
+    """
+    if not old:
+        return None, 0.0
+    where: dict[str, list[int]] = {}
+    for i, text in enumerate(old):
+        where.setdefault(text, []).append(i)
+    last_start = max(len(keys) - len(old), 0)
+    votes: dict[int, int] = {}
+    for j, key in enumerate(keys):
+        for i in where.get(key, ()):
+            p = j - i
+            if 0 <= p <= last_start:
+                votes[p] = votes.get(p, 0) + 1
+    if not votes:
+        return None, 0.0
+    best = min(votes, key=lambda p: (-votes[p], abs(p - stated), p))
+    return best + 1, votes[best] / len(old)
+
+
+def _mismatch(
+    patch: FilePatch,
+    index: int,
+    hunk: Hunk,
+    old: list[str],
+    keys: list[str],
+    final_nl: bool,
+    stated: int,
+    lo: int,
+    max_offset: int,
+) -> HunkMismatch:
+    """Explain why the hunk does not fit at its stated position ``stated``."""
+    n = len(keys)
+    p = max(stated, 0)
+    expected, line, actual, reason = "", p + 1, None if p >= n else keys[p], ""
+    for i, want in enumerate(old):
+        q = p + i
+        if q >= n or keys[q] != want:
+            expected, line, actual = want, q + 1, keys[q] if q < n else None
+            break
+    else:
+        # The old side is there; some other rule rejected the position.
+        end = p + len(old)
+        if not old and p > n:
+            reason = f"the hunk is placed after the end of the source ({n} lines)"
+        elif p < lo:
+            reason = "that position overlaps the previous hunk"
+        elif (hunk.old_eof_no_newline or hunk.new_eof_no_newline) and end != n:
+            expected, line = "<end of file>", end + 1
+            actual = keys[end] if end < n else None
+            reason = "the diff's '\\ No newline at end of file' says the file ends here"
+        elif old:
+            expected, line, actual = old[-1], end, keys[end - 1]
+            if hunk.old_eof_no_newline:
+                reason = "the diff says this last line has no newline, the source has one"
+            else:
+                reason = "the diff says this last line ends with a newline, the source has none"
+        else:
+            expected, line, actual = "<end of file>", p, keys[p - 1] if p else None
+            reason = "the source does not end with a newline, so nothing can follow its last line"
+    nearest, score = _similarity(keys, old, p)
+    return HunkMismatch(
+        patch.path, index, hunk.header, expected, line, actual, nearest, score,
+        reason, max_offset,
+    )  # fmt: skip
+
+
+def apply(source: str, patch: FilePatch, *, max_offset: int = 200) -> str:
+    """Return ``source`` with ``patch`` applied, or raise ``HunkMismatch``.
+
+    Hunks are located in the *original* source, in order, each no earlier than
+    the end of the previous one.  A hunk is tried at its stated position shifted
+    by the previous hunk's offset (code moved by an upstream edit moves all later
+    hunks alike), then at offsets -1, +1, -2, +2, ... up to ``max_offset``.
+    Context lines are copied from the source so each keeps its own line ending;
+    added lines get the source's dominant ending.
+    """
+    if max_offset < 0:
+        raise ValueError("max_offset must be >= 0")
+    # pieces[i] is line i without its '\n' (a CRLF line keeps its '\r').
+    pieces = source.split("\n")
+    final_nl = pieces[-1] == ""
+    if final_nl:
+        pieces.pop()
+    n = len(pieces)
+    keys = pieces if "\r" not in source else [p[:-1] if p.endswith("\r") else p for p in pieces]
+    crlf = source.count("\r\n")
+    eol = "\r" if crlf > source.count("\n") - crlf else ""
+
+    out: list[str] = []
+    done = 0  # source lines [0, done) are already consumed
+    delta = 0
+    reached_eof = False
+    last_hunk: Hunk | None = None
+    for index, hunk in enumerate(patch.hunks, 1):
+        old = hunk.old_lines
+        length = len(old)
+        stated = _old_range_start(hunk) + delta
+        lo, hi = done, n - length
+        pos = -1
+        for d in range(max_offset + 1):
+            if stated - d < lo and stated + d > hi:
+                break  # every further candidate is out of range on both sides
+            for p in (stated - d, stated + d) if d else (stated,):
+                if lo <= p <= hi and _position_fits(keys, final_nl, old, hunk, p):
+                    pos = p
+                    break
+            if pos >= 0:
+                break
+        if pos < 0:
+            raise _mismatch(patch, index, hunk, old, keys, final_nl, stated, lo, max_offset)
+        delta = pos - _old_range_start(hunk)
+
+        out.extend(pieces[done:pos])
+        j = pos
+        last_terminated = True  # whether the hunk's last new-side line had an ending
+        for tag, text in hunk.lines:
+            if tag == " ":
+                out.append(pieces[j])
+                last_terminated = j < n - 1 or final_nl
+                j += 1
+            elif tag == "-":
+                j += 1
+            else:
+                out.append(text + eol)
+                last_terminated = True
+        done = pos + length
+        reached_eof = done == n
+        last_hunk = hunk
+    out.extend(pieces[done:])
+
+    ends_with_nl = final_nl
+    if last_hunk is not None and reached_eof:
+        # The result's tail came from the hunk, so the diff decides the final newline.
+        ends_with_nl = not last_hunk.new_eof_no_newline
+        if not ends_with_nl and last_hunk.new_len and last_terminated and out:
+            out[-1] = out[-1].removesuffix("\r")  # drop the CR of a dropped CRLF
+    if not out:
+        return ""
+    return "\n".join(out) + ("\n" if ends_with_nl else "")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def module_name(path: str) -> str:
+    """Dotted module name for a repository-relative ``.py`` path.
+
+    'vllm/v1/core/sched/scheduler.py' -> 'vllm.v1.core.sched.scheduler',
+    'pkg/__init__.py' -> 'pkg'.  A leading 'src/' is kept: only the caller knows
+    the layout of its repository.
+    """
+    if not path.endswith(".py"):
+        raise DiffError(f"{path!r} is not a Python source file (.py), it has no module name")
+    parts = path[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts or not all(part.isidentifier() for part in parts):
+        raise DiffError(f"{path!r} is not an importable module path")
+    return ".".join(parts)
+
+
+def _split_keepends(text: str) -> list[str]:
+    """Lines with their endings, split on '\\n' only (see the module docstring)."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _quote_path(path: str) -> str:
+    """Quote like git does for characters that would make the header ambiguous."""
+    if not any(c in path for c in '"\\\t\n\r') and all(c >= " " for c in path):
+        return path
+    body = []
+    for ch in path:
+        if ch in '"\\':
+            body.append("\\" + ch)
+        elif ch < " " or ch == "\x7f":
+            body.append(f"\\{ord(ch):03o}")
+        else:
+            body.append(ch)
+    return '"' + "".join(body) + '"'
+
+
+def make_diff(old: str, new: str, path: str) -> str:
+    """A git-style unified diff (3 lines of context) turning ``old`` into ``new``.
+
+    Returns '' when the texts are equal, as ``git diff`` prints nothing.
+    """
+    a, b = _split_keepends(old), _split_keepends(new)
+    src, dst = _quote_path("a/" + path), _quote_path("b/" + path)
+    body = list(difflib.unified_diff(a, b, src, dst))
+    if not body:
+        return ""
+    out = [f"diff --git {src} {dst}\n"]
+    for line in body:
+        out.append(line)
+        if not line.endswith("\n"):
+            # Only a file's unterminated last line can lack '\n' here.
+            out.append("\n\\ No newline at end of file\n")
+    return "".join(out)

@@ -1,0 +1,36 @@
+"""The one error a failed patch raises at the import of its target."""
+
+from __future__ import annotations
+
+import sys
+
+
+class PatchError(ImportError):
+    """An enabled patch could not be applied; the target module was not imported.
+
+    The message names the patch, the target (module and symbol or hunk), the file and the
+    installed version of the target's distribution, so the log line alone is enough to act on.
+    """
+
+    def __init__(self, patch: str, module: str, what: str, *, file: str | None = None) -> None:
+        version = installed_version(module)
+        where = f" ({file})" if file else ""
+        msg = f"importpatch: patch {patch!r} cannot apply to {module}{where}, {version}: {what}"
+        super().__init__(msg, name=module, path=file)
+        self.patch = patch
+        self.module = module
+        self.what = what
+        self.file = file
+        self.version = version
+
+
+def installed_version(module: str) -> str:
+    """'<top> <version>' for the package that holds ``module``, as well as can be told cheaply."""
+    top = module.partition(".")[0]
+    mod = sys.modules.get(top)
+    version = getattr(mod, "__version__", None)
+    if not isinstance(version, str):
+        from .versions import distribution_version
+
+        version = distribution_version(top)
+    return f"{top} {version or 'version unknown'}"

@@ -1,0 +1,109 @@
+"""What happened in this process: every patch applied, skipped or failed.
+
+Three outlets, all fed by ``record``:
+- stdlib ``logging`` under the ``importpatch`` logger;
+- ``IMPORTPATCH_LOG=1``: one line per event on stderr, ``importpatch: applied <patch> to <target>
+  (pid N)``;
+- ``IMPORTPATCH_EVENTS_DIR=folder``: one JSON line per event appended to
+  ``folder/<host>-<pid>.jsonl``; ``importpatch status`` reads them back as a process tree.
+``events()`` / ``importpatch.applied()`` return them as dicts, in order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_events: list[dict[str, Any]] = []
+_once: set[str] = set()
+
+
+def _settings() -> tuple[bool, str | None]:
+    from . import config
+
+    return config.is_truthy(config.get(os.environ, config.LOG)), config.get(
+        os.environ, config.EVENTS_DIR
+    )
+
+
+def record(
+    outcome: str, patch: str, target: str, how: str, detail: str = "", *, level: int | None = None
+) -> dict[str, Any]:
+    """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
+    in-place, source-diff, transform, rebind, ..."""
+    import logging
+    import socket
+
+    event: dict[str, Any] = {
+        "time": time.time(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": socket.gethostname(),
+        "argv": list(getattr(sys, "orig_argv", sys.argv))[:12],
+        "outcome": outcome,
+        "patch": patch,
+        "target": target,
+        "how": how,
+        "detail": detail,
+    }
+    _events.append(event)
+    if level is None:
+        level = {"failed": logging.ERROR, "skipped": logging.INFO}.get(outcome, logging.DEBUG)
+    line = f"{outcome} {patch} to {target} ({how}) (pid {event['pid']})"
+    if detail:
+        line += f": {detail}"
+    logging.getLogger("importpatch").log(level, line)
+    to_stderr, folder = _settings()
+    if to_stderr:
+        try:
+            sys.stderr.write(f"importpatch: {line}\n")
+            sys.stderr.flush()
+        except Exception:  # a closed stderr must not break an import
+            pass
+    if folder:
+        _append(folder, event)
+    return event
+
+
+def _append(folder: str, event: dict[str, Any]) -> None:
+    import json
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{event['host']}-{event['pid']}.jsonl")
+        # O_APPEND: one write per line, so concurrent writers never interleave within a line.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (json.dumps(event, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        warn_once(f"events-dir:{folder}", f"cannot write events to {folder}: {exc}")
+
+
+def warn_once(key: str, message: str) -> None:
+    """A problem worth one line per process, not one per import."""
+    if key in _once:
+        return
+    _once.add(key)
+    import logging
+
+    logging.getLogger("importpatch").warning(message)
+    try:
+        sys.stderr.write(f"importpatch: warning: {message}\n")
+    except Exception:
+        pass
+
+
+def events() -> list[dict[str, Any]]:
+    return list(_events)
+
+
+def applied() -> list[dict[str, Any]]:
+    """Events of patches applied in this process."""
+    return [e for e in _events if e["outcome"] == "applied"]

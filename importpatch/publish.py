@@ -1,0 +1,84 @@
+"""Publish patched text so that everyone who reads source by file name reads the patched text.
+
+Triton's ``@jit`` (and its interpreter) read a kernel's source through ``inspect`` and
+``linecache`` by the code object's ``co_filename``; tracebacks on 3.11/3.12 read the file from
+disk. Measured (shared notes): only a *real file* holding the patched text, used as the code's
+``co_filename``, is seen by all of them and survives ``linecache.clearcache()``. So:
+
+- the patched text is written once to a content-addressed file ``<cache>/src/<sha>/<name>.py``
+  (atomic: temporary name in the same folder, then ``os.replace``) and compiled under that name;
+- ``inspect.getsource(SomeClass)`` goes through the module's ``__file__``, which stays the real
+  path (vLLM loads data files relative to it), so the real path gets a ``linecache`` entry with
+  mtime ``None`` (``checkcache`` keeps those), re-added after every ``linecache.clearcache()``;
+- if no file can be written, the code is compiled under the real path and the ``linecache``
+  entry alone carries the patched text (tracebacks printed by the default hook on 3.11/3.12 then
+  show the original line; logged once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+import os
+
+from . import events
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_entries: dict[str, tuple[int, None, list[str], str]] = {}
+_original_clearcache: Any = None
+
+
+def publish(real_path: str, text: str, cache_root: str | None) -> str:
+    """Make ``text`` readable as the source of the module at ``real_path``; returns the file name
+    to compile the patched code under."""
+    lines = text.splitlines(keepends=True)
+    entry = (len(text), None, lines, real_path)
+    _entries[real_path] = entry
+    linecache.cache[real_path] = entry
+    _guard_clearcache()
+    if cache_root is None:
+        return real_path
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    folder = os.path.join(cache_root, "src", digest)
+    path = os.path.join(folder, os.path.basename(real_path))
+    try:
+        if not (os.path.isfile(path) and _same_text(path, text)):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            os.replace(tmp, path)
+    except OSError as exc:
+        events.warn_once(
+            f"publish:{cache_root}",
+            f"cannot write patched source under {cache_root} ({exc}); tracebacks printed by the "
+            "default exception hook on Python < 3.13 will show the original lines",
+        )
+        return real_path
+    return path
+
+
+def _same_text(path: str, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _guard_clearcache() -> None:
+    """Torch inductor and others call linecache.clearcache(); keep our entries through it."""
+    global _original_clearcache
+    if _original_clearcache is not None:
+        return
+    _original_clearcache = linecache.clearcache
+
+    def clearcache() -> None:
+        _original_clearcache()
+        linecache.cache.update(_entries)
+
+    clearcache.__doc__ = _original_clearcache.__doc__
+    linecache.clearcache = clearcache

@@ -1,0 +1,3 @@
+"""pytest plugin for patch authors (registered through the ``pytest11`` entry point)."""
+
+from __future__ import annotations

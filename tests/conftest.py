@@ -1,0 +1,256 @@
+"""Shared fixtures for the importpatch test-suite.
+
+Everything here works on REAL installs: the project wheel is built once per
+session and installed with pip into a fresh virtual environment, and tests run
+child interpreters of that environment.  Nothing is mocked.
+
+Plain helpers (importable from test modules as ``from conftest import ...``):
+
+* ``ROOT``                      -- the checkout root (parent of ``tests/``)
+* ``clean_env(env=None)``       -- os.environ minus ``IMPORTPATCH_*``,
+                                   ``PYTHONDONTWRITEBYTECODE`` and ``PYTHONPATH``,
+                                   with ``env`` applied on top (``None`` deletes)
+* ``make_venv(path, *pip_args)``-- ``python -m venv path`` + ``pip install *pip_args``
+                                   -> ``Venv``
+* ``build_wheel(outdir)``       -- build the project wheel, return its path
+* ``free_port()``               -- a free TCP port on 127.0.0.1
+
+Fixtures:
+
+* ``built_wheel`` (session)     -> Path of the project wheel
+* ``wheel_venv`` (session)      -> Venv with the wheel installed
+* ``venv_factory`` (session)    -> ``make(*pip_args, name=None) -> Venv`` under a tmp dir
+* ``target_pkg``                -> ``make(files: dict[str, str]) -> Path``
+* ``free_port`` (fixture form)  -> int
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DIST_NAME = "importpatch-hook"
+WHEEL_PREFIX = DIST_NAME.replace("-", "_") + "-"
+
+# Variables never inherited by child interpreters: the IMPORTPATCH_ prefix is
+# the library's own configuration namespace; PYTHONDONTWRITEBYTECODE would hide
+# bytecode-cache behaviour; an inherited PYTHONPATH could make a child import
+# the checkout instead of the installed wheel (pass PYTHONPATH via ``env``).
+_DROPPED_PREFIXES = ("IMPORTPATCH_",)
+_DROPPED_NAMES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")
+
+PIP_TIMEOUT = 900
+
+
+def clean_env(env: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """Return a copy of os.environ fit for a child interpreter.
+
+    Every ``IMPORTPATCH_*`` variable, ``PYTHONDONTWRITEBYTECODE`` and
+    ``PYTHONPATH`` are removed, then ``env`` is applied on top (a value of
+    ``None`` removes that variable).
+    """
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_DROPPED_PREFIXES) and k not in _DROPPED_NAMES
+    }
+    for k, v in (env or {}).items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = str(v)
+    return out
+
+
+@dataclass(frozen=True)
+class Venv:
+    """A virtual environment made with ``python -m venv``."""
+
+    path: Path
+    python: Path
+    site_packages: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.python.parent
+
+    def script(self, name: str) -> Path:
+        """Path of a console script installed in this venv (e.g. ``importpatch``)."""
+        return self.bin_dir / name
+
+    def run(
+        self,
+        args_or_code: str | Sequence[str | os.PathLike[str]],
+        *,
+        env: Mapping[str, str | None] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float = 120,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``python -c CODE`` (str) or ``python *ARGS`` (sequence) in this venv."""
+        if isinstance(args_or_code, str):
+            cmd = [str(self.python), "-c", args_or_code]
+        else:
+            cmd = [str(self.python), *(os.fspath(a) for a in args_or_code)]
+        return subprocess.run(
+            cmd,
+            env=clean_env(env),
+            cwd=cwd,
+            timeout=timeout,
+            check=check,
+            capture_output=True,
+            text=True,
+        )
+
+    def pip(self, *args: str, timeout: float = PIP_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        """``python -m pip *args`` in this venv; raises with pip's output on failure."""
+        proc = self.run(["-m", "pip", *args], timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"pip {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+
+def _venv_python(path: Path) -> Path:
+    if os.name == "nt":  # pragma: no cover - the project targets Linux
+        return path / "Scripts" / "python.exe"
+    return path / "bin" / "python"
+
+
+def make_venv(
+    path: str | os.PathLike[str], *pip_args: str, python: str | os.PathLike[str] | None = None
+) -> Venv:
+    """Create a venv at ``path`` from ``python`` (default: sys.executable).
+
+    If ``pip_args`` are given, runs ``pip install *pip_args`` in it (dependencies
+    come from the configured package index).  Returns a ``Venv``.
+    """
+    path = Path(path)
+    base = os.fspath(python) if python is not None else sys.executable
+    subprocess.run(
+        [base, "-m", "venv", str(path)],
+        env=clean_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT,
+    )
+    py = _venv_python(path)
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        env=clean_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    venv = Venv(path=path, python=py, site_packages=Path(site))
+    if pip_args:
+        venv.pip("install", "--disable-pip-version-check", "-q", *pip_args)
+    return venv
+
+
+def build_wheel(outdir: str | os.PathLike[str]) -> Path:
+    """Build the project wheel from ROOT into ``outdir`` and return its path."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    try:
+        import build  # noqa: F401
+
+        cmd = [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir), str(ROOT)]
+    except ImportError:
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(outdir), str(ROOT)]
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"wheel build failed:\n{proc.stdout}\n{proc.stderr}")
+    wheels = sorted(outdir.glob(f"{WHEEL_PREFIX}*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {outdir}, found {wheels}")
+    return wheels[0]
+
+
+def _tox_wheel() -> Path | None:
+    """The wheel tox built for this run (``package = wheel`` sets TOX_PACKAGE)."""
+    for item in os.environ.get("TOX_PACKAGE", "").split(os.pathsep):
+        p = Path(item) if item else None
+        if p and p.suffix == ".whl" and p.name.startswith(WHEEL_PREFIX) and p.is_file():
+            return p
+    return None
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project wheel, built once per session (or the one tox just built)."""
+    outdir = tmp_path_factory.mktemp("wheel")
+    tox_whl = _tox_wheel()
+    if tox_whl is not None:
+        return Path(shutil.copy2(tox_whl, outdir / tox_whl.name))
+    return build_wheel(outdir)
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> Venv:
+    """A fresh venv (from sys.executable) with the built wheel pip-installed."""
+    return make_venv(tmp_path_factory.mktemp("wheel-venv") / "venv", str(built_wheel))
+
+
+@pytest.fixture(scope="session")
+def venv_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Venv]:
+    """``make(*pip_args, name=None) -> Venv``: extra venvs under a session tmp dir."""
+    counter = itertools.count()
+
+    def make(*pip_args: str, name: str | None = None) -> Venv:
+        base = tmp_path_factory.mktemp(name or f"venv{next(counter)}")
+        return make_venv(base / "venv", *pip_args)
+
+    return make
+
+
+@pytest.fixture
+def target_pkg(tmp_path: Path) -> Callable[[Mapping[str, str]], Path]:
+    """``make(files) -> dir``: write a throwaway package tree, return its root.
+
+    ``files`` maps relative paths to contents (dedented), e.g.
+    ``{"tpkg/__init__.py": "", "tpkg/mod.py": "def f(): return 1"}``.
+    Put the returned dir on a child's PYTHONPATH.
+    """
+    counter = itertools.count()
+
+    def make(files: Mapping[str, str]) -> Path:
+        root = tmp_path / f"targets{next(counter)}"
+        root.mkdir()
+        for rel, content in files.items():
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(textwrap.dedent(content), encoding="utf-8")
+        return root
+
+    return make
+
+
+@pytest.fixture(name="free_port")
+def free_port_fixture() -> int:
+    return free_port()
