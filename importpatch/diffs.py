@@ -106,8 +106,11 @@ class HunkMismatch(Exception):
         text = (
             f"{self.path}: hunk #{self.hunk_index} {self.header!r} does not apply "
             f"at its stated position or within {self.max_offset} lines of it: "
-            f"at line {self.line} expected {self.expected!r} but found {found}"
         )
+        if self.expected:
+            text += f"at line {self.line} expected {self.expected!r} but found {found}"
+        else:  # a hunk without old-side lines has nothing to expect, only a place
+            text += f"it cannot be placed before line {self.line}"
         if self.reason:
             text += f" ({self.reason})"
         if self.nearest is None:
@@ -261,9 +264,7 @@ def _is_file_header(lines: list[str], i: int) -> bool:
     Requiring the pair keeps the lone '---' of a format-patch mail (before the
     diffstat) and a removed line starting with '-- ' from being taken as headers.
     """
-    return (
-        lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
-    )
+    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
 
 
 def _parse_hunk(lines: list[str], i: int) -> tuple[Hunk, int]:
@@ -271,9 +272,7 @@ def _parse_hunk(lines: list[str], i: int) -> tuple[Hunk, int]:
     header = lines[i]
     m = _HUNK_RE.fullmatch(header)
     if m is None:
-        raise DiffError(
-            f"malformed hunk header {header!r}, expected '@@ -a,b +c,d @@'", i + 1
-        )
+        raise DiffError(f"malformed hunk header {header!r}, expected '@@ -a,b +c,d @@'", i + 1)
     old_start, new_start = int(m.group(1)), int(m.group(3))
     # An omitted length means 1 (diff writes '-3' for a single line).
     old_len = int(m.group(2)) if m.group(2) is not None else 1
@@ -343,9 +342,7 @@ def _parse_hunk(lines: list[str], i: int) -> tuple[Hunk, int]:
             f"new-side lines missing",
             i + 1,
         )
-    hunk = Hunk(
-        old_start, old_len, new_start, new_len, header, tuple(body), old_nl, new_nl
-    )
+    hunk = Hunk(old_start, old_len, new_start, new_len, header, tuple(body), old_nl, new_nl)
     return hunk, j
 
 
@@ -375,8 +372,7 @@ def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
         if i == len(lines) or not lines[i].startswith("--- "):
             if modes and (i == len(lines) or lines[i].startswith("diff ")):
                 raise DiffError(
-                    f"mode-only change is not supported (no content to patch): "
-                    f"{lines[git_line]!r}",
+                    f"mode-only change is not supported (no content to patch): {lines[git_line]!r}",
                     git_line + 1,
                 )
             found = repr(lines[i]) if i < len(lines) else "end of diff"
@@ -485,9 +481,7 @@ def parse(text: str) -> ParsedDiff:
 # --------------------------------------------------------------------------- applying
 
 
-def _position_fits(
-    keys: list[str], final_nl: bool, old: list[str], hunk: Hunk, p: int
-) -> bool:
+def _position_fits(keys: list[str], final_nl: bool, old: list[str], hunk: Hunk, p: int) -> bool:
     """Whether the hunk's old side is exactly at 0-based line p of the source."""
     n, length = len(keys), len(old)
     if length and keys[p] != old[0]:  # cheap reject first: most candidates fail here
@@ -600,6 +594,7 @@ def apply(source: str, patch: FilePatch, *, max_offset: int = 200) -> str:
     delta = 0
     reached_eof = False
     last_hunk: Hunk | None = None
+    last_terminated = True  # whether the last hunk's last new-side line had an ending
     for index, hunk in enumerate(patch.hunks, 1):
         old = hunk.old_lines
         length = len(old)
@@ -621,7 +616,7 @@ def apply(source: str, patch: FilePatch, *, max_offset: int = 200) -> str:
 
         out.extend(pieces[done:pos])
         j = pos
-        last_terminated = True  # whether the hunk's last new-side line had an ending
+        last_terminated = True
         for tag, text in hunk.lines:
             if tag == " ":
                 out.append(pieces[j])
