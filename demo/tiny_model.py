@@ -13,9 +13,9 @@ ids every run.  Building is idempotent: a marker file (``tiny_model.json``)
 records the parameters, and a folder already built with the same parameters
 is left alone.
 
-Constraints that come from vLLM's CPU backend: ``hidden_size / num_heads``
-(the head dimension) must be one the CPU attention supports (32, 64, 80, ...),
-so it is required to be a multiple of 16 and at least 32.
+Constraint from vLLM's CPU backend: ``hidden_size / num_heads`` (the head
+dimension) must be a head size its CPU attention supports
+(``CPU_ATTN_HEAD_SIZES``, as listed by vLLM 0.32's ``cpu_attn`` backend).
 
 Use::
 
@@ -35,12 +35,17 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["build_tiny_llama", "MARKER_NAME", "SPECIAL_TOKENS"]
+__all__ = ["build_tiny_llama", "MARKER_NAME", "SPECIAL_TOKENS", "CPU_ATTN_HEAD_SIZES"]
 
 #: Name of the marker file written last into a finished model folder.
 MARKER_NAME = "tiny_model.json"
 #: Bumped when the layout of what this module writes changes.
 _FORMAT_VERSION = 1
+
+#: Head sizes vLLM 0.32's CPU attention accepts
+#: (``CPUAttentionBackend.get_supported_head_sizes()``); others fail at start-up
+#: with "Unsupported CPU attention configuration".
+CPU_ATTN_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 #: Special tokens, in vocabulary order (ids 0..3).
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
@@ -103,10 +108,10 @@ def _check(vocab_size, hidden_size, num_heads, num_layers) -> None:
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
     head_dim = hidden_size // num_heads
-    if head_dim < 32 or head_dim % 16:
+    if head_dim not in CPU_ATTN_HEAD_SIZES:
         raise ValueError(
             f"head_dim = hidden_size / num_heads = {head_dim}; vLLM's CPU attention "
-            "needs a supported head size (32, 64, 80, ...): use a multiple of 16 >= 32"
+            f"supports only {CPU_ATTN_HEAD_SIZES}"
         )
 
 

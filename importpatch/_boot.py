@@ -22,7 +22,7 @@ def start(sitedir: str | None = None) -> None:
     try:
         activate(sitedir=sitedir)
     except Exception as exc:
-        try:
+        try:  # noqa: SIM105 (contextlib is not loaded at interpreter start; keep it so)
             sys.stderr.write(f"importpatch: warning: not activated: {type(exc).__name__}: {exc}\n")
         except Exception:
             pass
@@ -30,7 +30,7 @@ def start(sitedir: str | None = None) -> None:
 
 def stamp_path(root: str, sitedir: str) -> str:
     """The .pth line checks this file inline (keep in step with bootstrap/importpatch.pth): it
-    exists when the index of ``sitedir`` at its current mtime found no patch that is on by default."""
+    exists when the index of ``sitedir`` at its current mtime found no patch on by default."""
     return os.path.join(
         root, "sites", sitedir.replace(os.sep, "%") + "-" + str(os.stat(sitedir).st_mtime_ns)
     )
@@ -64,7 +64,9 @@ def activate(
         )
     for e in chosen:
         if e.error:
-            events.warn_once(f"broken:{e.source}", f"patch {e.name} ({e.source}) is broken: {e.error}")
+            events.warn_once(
+                f"broken:{e.source}", f"patch {e.name} ({e.source}) is broken: {e.error}"
+            )
     if not chosen:
         finder.uninstall()
         if sitedir and not toggles.anything_requested and not any(e.default for e in entries):

@@ -2,31 +2,43 @@
 
 vLLM starts 3-4 interpreters per engine and each would compile every patched module again
 (~3.5 ms per 1,000 lines, against ~0.1 ms to load a cached code object). Entries live under
-``<root>/code/`` where ``<root>`` is ``config.cache_root()``.
+``<root>/code/`` where ``<root>`` is ``config.cache_root()``: ``$IMPORTPATCH_CACHE_DIR``, else
+``$XDG_CACHE_HOME/importpatch``, else ``~/.cache/importpatch``.
 
 Invariants:
-- The key is a SHA-256 over everything that changes the compiled code: the original source bytes,
-  the content of every applied operation (diff hunks, the transform's code, which names land
-  where and how), the interpreter's magic number, the project's version, the module name and the
-  root (the code's file name lies under it). Patch *names*, toggles and replacement objects are
-  not in it: they do not change the code (replacements are looked up when the module executes).
+- The key is a 128-bit hash over everything that changes the compiled code: the original source
+  bytes, the content of every applied code operation in the order it is applied (diff hunks; an
+  AST transform's code, closure, defaults and the text of the file that defines it), the targeted
+  names, the interpreter's magic number and optimisation level, the project's version, the module
+  name, its file and the root (the code's file name is one of them). Patch *names*, toggles, log
+  settings and replacement objects are not in it: they do not change the code (replacements are
+  looked up when the module executes). A transform whose defining file cannot be read has no
+  key (b""): it is compiled every time rather than risk a stale entry.
+- The hash is SipHash-1-3 under two keys (``_imp.source_hash``, what CPython checks hash-based
+  .pyc files with): no ``hashlib`` import on the path of every patched import, ~3x faster than
+  SHA-256, and a cache folder only its owner can write needs no defence against forged entries.
 - An entry is written to a temporary name in the same folder and moved into place with
   ``os.replace``, so a reader sees a whole entry or none; concurrent writers of one key write the
   same bytes.
-- On read the header (magic, magic number, key), the payload size and the payload's SHA-256 are
-  checked; anything else is ignored (and rewritten by the next store).
+- On read the header (format, magic number, key), the payload size and the payload's CRC-32 are
+  checked; a corrupt, truncated, empty or foreign entry is ignored (and rewritten by the store
+  that follows the compile).
 - The root must be a folder that only the current user can write (a cache file is code that will
-  run): a world- or group-writable or foreign-owned root is refused and the loader compiles
-  without a cache; so does a read-only root. Either is logged once per process.
+  run): a group- or world-writable or foreign-owned root is refused and the loader compiles
+  without a cache; so does a read-only root. Reported once per process, and only where a patched
+  module is compiled (a process that patches nothing stays silent).
 - Nothing here ever touches a package's own ``__pycache__``.
 """
 
 from __future__ import annotations
 
-import hashlib
+import _imp
+import _thread
 import marshal
 import os
 import stat
+import sys
+import zlib
 
 from . import config, events
 
@@ -37,82 +49,122 @@ if TYPE_CHECKING:
 
     from .declare import Op
 
-FORMAT = b"IPC1"
-_HEADER = len(FORMAT) + 4 + 32 + 8 + 32  # format, magic number, key, payload size, payload hash
+FORMAT = b"IPC2"
+_KEY_LEN = 16
+_HEADER = len(FORMAT) + 4 + _KEY_LEN + 8 + 4  # format, magic number, key, payload size, crc32
+_SIPHASH_KEYS = (0x1F0C_5E7A_23D1_9B46, 0x6A2B_8C3D_4E5F_7081)  # any two distinct C longs
+_CodeType = type((lambda: 0).__code__)
 _root_checked = False
 _root: str | None = None
+_root_problem: str | None = None
 
 
 def enabled() -> bool:
     return not config.is_truthy(config.get(os.environ, config.NO_CACHE))
 
 
-def usable_root() -> str | None:
-    """The cache root if it is safe and writable, else None (reason logged once)."""
-    global _root_checked, _root
+def usable_root(*, report: bool = False) -> str | None:
+    """The cache root if it is safe and writable, else None. ``report``: say why, once per
+    process (the loader of a patched module asks so; start-up and discovery stay silent)."""
+    global _root_checked, _root, _root_problem
     if not _root_checked:
-        _root = _check_root(config.cache_root())
+        root = config.cache_root()
+        _root_problem = _check_root(root)
+        _root = None if _root_problem else root
         _root_checked = True
+    if report and _root_problem:
+        events.warn_once("cache-root", _root_problem + "; compiling without the bytecode cache")
     return _root
 
 
 def reset() -> None:
     """Forget the checked root (tests and late activation change the environment)."""
-    global _root_checked, _root
-    _root_checked, _root = False, None
+    global _root_checked, _root, _root_problem
+    _root_checked, _root, _root_problem = False, None, None
 
 
 def _check_root(root: str) -> str | None:
+    """Why ``root`` must not hold code that will run, or None when it is fine."""
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
         st = os.stat(root)
     except OSError as exc:
-        events.warn_once("cache-root", f"cache folder {root} unusable ({exc}); compiling without cache")
-        return None
+        return f"cache folder {root} unusable ({exc})"
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        events.warn_once(
-            "cache-root", f"cache folder {root} is owned by another user; refused, compiling "
-            f"without cache (set {config.CACHE_DIR} to a folder of your own)"
+        return (
+            f"cache folder {root} is owned by another user (uid {st.st_uid}); refused "
+            f"(set {config.CACHE_DIR} to a folder of your own)"
         )
-        return None
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        events.warn_once(
-            "cache-root", f"cache folder {root} is writable by others; refused, compiling without "
-            f"cache (chmod go-w it, or set {config.CACHE_DIR})"
+        return (
+            f"cache folder {root} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"refused (chmod go-w it, or set {config.CACHE_DIR})"
         )
-        return None
     if not os.access(root, os.W_OK):
-        events.warn_once("cache-root", f"cache folder {root} is read-only; compiling without cache")
-        return None
-    return root
+        return f"cache folder {root} is read-only"
+    return None
 
 
-def op_fingerprint(op: Op) -> bytes:
-    """What an operation contributes to the compiled code (never its patch's name)."""
+def _hash(data: bytes) -> bytes:
+    return b"".join(_imp.source_hash(k, data) for k in _SIPHASH_KEYS)
+
+
+def _part(data: bytes) -> bytes:
+    return len(data).to_bytes(8, "little") + data
+
+
+def op_fingerprint(op: Op) -> bytes | None:
+    """What a code operation contributes to the compiled code (never its patch's name); None
+    when that cannot be known. replace/wrap/add contribute only their site's qualname."""
     if op.kind == "diff":
         assert op.file_patch is not None
-        return repr((op.kind, op.file_patch.hunks)).encode()
-    if op.kind == "transform":
-        return b"transform" + marshal.dumps(op.obj.__code__)
-    # replace/wrap/add only decide where landings go; see landing.site_of.
-    return repr((op.kind, op.qualname, op.decorated)).encode()
+        return repr(op.file_patch.hunks).encode()
+    if op.kind != "transform":
+        return b""
+    # The transform may read anything its module defines: hash the whole defining file. What it
+    # reads from other files is not seen (documented in the README's caching section).
+    fn = op.obj
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        with open(code.co_filename, "rb") as f:
+            file_text = f.read()
+        cells = tuple(c.cell_contents for c in fn.__closure__ or ())
+        # Values only: a function or object in a closure would marshal (or repr) differently in
+        # every process, so such a transform is not cached at all.
+        extra = marshal.dumps((fn.__defaults__, fn.__kwdefaults__, cells))
+    except (OSError, ValueError):
+        return None
+    return _part(marshal.dumps(code)) + _part(extra) + _part(file_text)
 
 
 def key(
-    module: str, source: bytes, ops: Iterable[Op], qualnames: list[str], root: str | None
+    module: str, source: bytes, ops: Iterable[Op], qualnames: list[str], root: str | None,
+    origin: str | None = None,
 ) -> bytes:
+    """The cache key of ``module`` built from ``source`` with ``ops``; b"" for uncacheable."""
     from importlib.util import MAGIC_NUMBER
 
     from . import __version__
 
-    h = hashlib.sha256()
-    for part in (FORMAT, MAGIC_NUMBER, __version__.encode(), module.encode(), (root or "").encode()):
-        h.update(len(part).to_bytes(8, "little") + part)
-    h.update(hashlib.sha256(source).digest())
-    for fp in sorted(op_fingerprint(op) for op in ops):
-        h.update(hashlib.sha256(fp).digest())
-    h.update(repr(sorted(qualnames)).encode())
-    return h.digest()
+    # Same order as transforms.patch_text: diffs by patch name, then transforms by patch name.
+    code_ops = sorted(
+        (op for op in ops if op.kind in ("diff", "transform")),
+        key=lambda op: (op.kind != "diff", op.patch.name),
+    )
+    material = [
+        FORMAT, MAGIC_NUMBER, str(sys.flags.optimize).encode(), __version__.encode(),
+        module.encode(), (origin or "").encode("utf-8", "surrogateescape"),
+        (root or "").encode("utf-8", "surrogateescape"), _hash(source),
+        "\0".join(sorted(qualnames)).encode(),
+    ]
+    for op in code_ops:
+        fp = op_fingerprint(op)
+        if fp is None:
+            return b""
+        material.append(_hash(fp))
+    return _hash(b"".join(_part(m) for m in material))
 
 
 def _path(root: str, key: bytes) -> str:
@@ -121,7 +173,8 @@ def _path(root: str, key: bytes) -> str:
 
 
 def load(root: str | None, key: bytes) -> tuple[CodeType, set[str], str] | None:
-    if root is None:
+    """The entry for ``key``, or None when there is none or it fails any check."""
+    if root is None or len(key) != _KEY_LEN:
         return None
     from importlib.util import MAGIC_NUMBER
 
@@ -130,49 +183,47 @@ def load(root: str | None, key: bytes) -> tuple[CodeType, set[str], str] | None:
             data = f.read()
     except OSError:
         return None
+    end = len(FORMAT) + 4 + _KEY_LEN
     if (
         len(data) < _HEADER
-        or data[:4] != FORMAT
-        or data[4:8] != MAGIC_NUMBER
-        or data[8:40] != key
-        or int.from_bytes(data[40:48], "little") != len(data) - _HEADER
-        or hashlib.sha256(data[_HEADER:]).digest() != data[48:_HEADER]
+        or data[: len(FORMAT)] != FORMAT
+        or data[len(FORMAT) : len(FORMAT) + 4] != MAGIC_NUMBER
+        or data[len(FORMAT) + 4 : end] != key
+        or int.from_bytes(data[end : end + 8], "little") != len(data) - _HEADER
+        or zlib.crc32(memoryview(data)[_HEADER:]).to_bytes(4, "little") != data[end + 8 : _HEADER]
     ):
         return None
     try:
-        code, unseen, text = marshal.loads(data[_HEADER:])
-    except (EOFError, ValueError, TypeError):
+        code, unseen, text = marshal.loads(memoryview(data)[_HEADER:])
+    except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
+        return None
+    if not isinstance(code, _CodeType) or not isinstance(text, str):
         return None
     return code, set(unseen), text
 
 
 def store(root: str | None, key: bytes, code: CodeType, unseen: set[str], text: str) -> bool:
-    if root is None:
+    """Write the entry for ``key`` atomically; False when it could not be written (logged once)."""
+    if root is None or len(key) != _KEY_LEN:
         return False
     from importlib.util import MAGIC_NUMBER
 
     payload = marshal.dumps((code, tuple(sorted(unseen)), text))
-    data = (
-        FORMAT + MAGIC_NUMBER + key + len(payload).to_bytes(8, "little")
-        + hashlib.sha256(payload).digest() + payload
-    )
+    header = FORMAT + MAGIC_NUMBER + key + len(payload).to_bytes(8, "little")
     path = _path(root, key)
-    tmp = f"{path}.{os.getpid()}.{id(code)}.tmp"
+    # Unique per writer: processes (pid) and threads (ident) never share a temporary file.
+    tmp = f"{path}.{os.getpid()}-{_thread.get_ident()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as f:
+            f.write(header + zlib.crc32(payload).to_bytes(4, "little") + payload)
         os.replace(tmp, path)
         return True
     except OSError as exc:
         events.warn_once("cache-write", f"cannot write the bytecode cache under {root}: {exc}")
-        try:
+        import contextlib
+
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         return False
-
-

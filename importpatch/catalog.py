@@ -1,7 +1,8 @@
 """Discovery: which patches exist, from three sources, behind an index that makes startup cheap.
 
 Sources, in this order (a later patch with the same name is an error reported by `check`/`list`):
-1. built-in: the project's ``patches/`` folder, shipped in the wheel as ``importpatch/_builtin_patches``;
+1. built-in: the project's ``patches/`` folder, shipped in the wheel as
+   ``importpatch/_builtin_patches``;
 2. folders named in ``IMPORTPATCH_PATH``;
 3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
    makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``).
@@ -44,6 +45,19 @@ class Entry:
     """What the index knows of one patch, without executing it."""
 
     __slots__ = (*_FIELDS, "_patch")
+    # The fields, for type checkers (set from _FIELDS by __init__).
+    name: str
+    origin: str
+    source: str
+    file: str | None
+    requires: tuple[str, ...]
+    default: bool
+    on_error: str
+    modules: tuple[tuple[str, ...], ...]
+    targets: tuple[str, ...]
+    kinds: tuple[str, ...]
+    doc: str
+    error: str | None
 
     def __init__(self, **fields: Any) -> None:
         for name in _FIELDS:
@@ -55,7 +69,7 @@ class Entry:
 
     @classmethod
     def from_tuple(cls, values: tuple[Any, ...]) -> Entry:
-        return cls(**dict(zip(_FIELDS, values)))
+        return cls(**dict(zip(_FIELDS, values, strict=True)))
 
     @classmethod
     def from_patch(cls, patch: Patch, origin: str, source: str, file: str | None) -> Entry:
@@ -72,7 +86,8 @@ class Entry:
 
 def builtin_folder() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "_builtin_patches"), os.path.join(os.path.dirname(here), "patches")):
+    shipped, checkout = "_builtin_patches", os.path.join(os.path.dirname(here), "patches")
+    for candidate in (os.path.join(here, shipped), checkout):
         if os.path.isdir(candidate):
             return candidate
     return None
@@ -90,7 +105,8 @@ def _folders(toggles: config.Toggles) -> list[tuple[str, str]]:
 def _site_dirs() -> list[str]:
     # Where distributions (and so entry points) live; the script folder and cwd that later
     # processes put first on sys.path are left out so every process shares one index.
-    return [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+    ends = ("site-packages", "dist-packages")
+    return [p for p in sys.path if p.endswith(ends) and os.path.isdir(p)]
 
 
 def _stat(path: str) -> tuple[int, int]:
@@ -126,7 +142,11 @@ def load(toggles: config.Toggles) -> list[Entry]:
         try:
             with open(path, "rb") as f:
                 fmt, ident, files, signature, rows = marshal.load(f)
-            if fmt == INDEX_FORMAT and ident == repr(folders) and signature == _signature(folders, list(files)):
+            if (
+                fmt == INDEX_FORMAT
+                and ident == repr(folders)
+                and signature == _signature(folders, list(files))
+            ):
                 return [Entry.from_tuple(r) for r in rows]
         except (OSError, EOFError, ValueError, TypeError):
             pass
@@ -174,7 +194,8 @@ def _load_file(file: str) -> list[Patch]:
     from .declare import collecting, patch_from_diff_file
 
     if file.endswith((".diff", ".patch")):
-        patches = [patch_from_diff_file(file)]
+        with collecting():  # a discovered patch must not join the registry enable() turns on
+            patches = [patch_from_diff_file(file)]
     else:
         import importlib.util
 
@@ -186,7 +207,10 @@ def _load_file(file: str) -> list[Patch]:
         sys.modules[modname] = module
         with collecting() as found:
             try:
-                spec.loader.exec_module(module)
+                # Not exec_module: its .pyc (mtime in whole seconds) would run stale code after a
+                # same-size edit within a second, and the bytecode cache would key the new text.
+                with open(file, "rb") as f:
+                    exec(compile(f.read(), file, "exec", dont_inherit=True), module.__dict__)
             except BaseException:
                 sys.modules.pop(modname, None)
                 raise
@@ -250,6 +274,27 @@ def _entry_point_entries(files: list[str]) -> list[Entry]:
 _ep_patches: dict[str, Patch] = {}
 
 
+def _load_entry_point_module(entry: Entry) -> None:
+    """Import the module of an indexed entry point (``source`` is "entry point NAME = VALUE")
+    without listing entry points again: that costs 40-60 ms in a vLLM environment, and the index
+    exists so that no process after the first pays it."""
+    import importlib
+
+    from .declare import Patch, collecting
+
+    module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
+    if not module:
+        _entry_point_entries([])
+        return
+    with collecting() as found:
+        mod = importlib.import_module(module)
+    if not found:  # already imported elsewhere: pick up its Patch objects
+        found = [v for v in vars(mod).values() if isinstance(v, Patch)]
+    for p in found:
+        p.source, p.origin = entry.source, "entry-point"
+        _ep_patches[p.name] = p
+
+
 def load_patch(entry: Entry) -> Patch:
     """The Patch object behind an index entry (executes its declaration the first time)."""
     if entry._patch is not None:
@@ -260,7 +305,7 @@ def load_patch(entry: Entry) -> Patch:
         patches = _load_file(entry.file)
     else:
         if entry.name not in _ep_patches:
-            _entry_point_entries([])
+            _load_entry_point_module(entry)
         patches = [_ep_patches[entry.name]] if entry.name in _ep_patches else []
     for p in patches:
         if p.name == entry.name:

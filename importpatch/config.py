@@ -20,7 +20,7 @@ OFF = "IMPORTPATCH_OFF"  # global kill switch: any value but 0/false/no/off/"" d
 PATH = "IMPORTPATCH_PATH"  # os.pathsep separated folders of .py / .diff / .patch declarations
 LOG = "IMPORTPATCH_LOG"  # "1": one line per event on stderr
 EVENTS_DIR = "IMPORTPATCH_EVENTS_DIR"  # folder: every process appends its events there (JSON lines)
-CACHE_DIR = "IMPORTPATCH_CACHE_DIR"  # where the bytecode cache, catalog index and published text live
+CACHE_DIR = "IMPORTPATCH_CACHE_DIR"  # bytecode cache, catalog index and published text live here
 NO_CACHE = "IMPORTPATCH_NO_CACHE"  # "1": never read or write the bytecode cache
 
 ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE)

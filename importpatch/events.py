@@ -17,6 +17,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import logging
     from typing import Any
 
 _events: list[dict[str, Any]] = []
@@ -57,9 +58,10 @@ def record(
     line = f"{outcome} {patch} to {target} ({how}) (pid {event['pid']})"
     if detail:
         line += f": {detail}"
-    logging.getLogger("importpatch").log(level, line)
+    _logger().log(level, line)
     to_stderr, folder = _settings()
-    if to_stderr:
+    # A failure is always shown: PatchError is an ImportError, which callers may swallow.
+    if to_stderr or outcome == "failed":
         try:
             sys.stderr.write(f"importpatch: {line}\n")
             sys.stderr.flush()
@@ -86,15 +88,24 @@ def _append(folder: str, event: dict[str, Any]) -> None:
         warn_once(f"events-dir:{folder}", f"cannot write events to {folder}: {exc}")
 
 
+def _logger() -> logging.Logger:
+    import logging
+
+    logger = logging.getLogger("importpatch")
+    if not logger.handlers:
+        # Without a handler, logging's last resort would print every warning a second time
+        # next to our own stderr line; an application's handlers (propagation) still see them.
+        logger.addHandler(logging.NullHandler())
+    return logger
+
+
 def warn_once(key: str, message: str) -> None:
     """A problem worth one line per process, not one per import."""
     if key in _once:
         return
     _once.add(key)
-    import logging
-
-    logging.getLogger("importpatch").warning(message)
-    try:
+    _logger().warning(message)
+    try:  # noqa: SIM105 (no contextlib import on this path)
         sys.stderr.write(f"importpatch: warning: {message}\n")
     except Exception:
         pass

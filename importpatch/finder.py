@@ -1,4 +1,4 @@
-"""The import hook: a ``sys.meta_path`` finder for targeted modules and the loader that patches them.
+"""The import hook: a ``sys.meta_path`` finder for targeted modules and the loader patching them.
 
 Invariants:
 - ``find_spec`` costs one dict lookup for every module that no enabled patch targets, and never
@@ -21,12 +21,13 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from importlib.machinery import ModuleSpec
     from types import CodeType, ModuleType
     from typing import Any
 
     from .catalog import Entry
-    from .declare import Op
+    from .declare import Op, Patch
     from .landing import ModulePlan
 
 
@@ -86,7 +87,7 @@ class PatchFinder:
         entries = self.by_module.get(fullname)
         if entries is None:
             return None
-        spec = None
+        spec: ModuleSpec | None = None
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, PatchFinder):
                 continue
@@ -98,7 +99,8 @@ class PatchFinder:
                 break
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = PatchLoader(spec.loader, fullname, spec.origin, entries)
+        # duck-typed: subclassing importlib.abc.Loader would import importlib.abc at start
+        spec.loader = PatchLoader(spec.loader, fullname, spec.origin, entries)  # type: ignore[assignment]
         spec.cached = None  # never the package's own __pycache__
         return spec
 
@@ -110,7 +112,9 @@ class PatchFinder:
 class PatchLoader:
     """Loads one targeted module: original source -> diffs/transforms -> landings -> code."""
 
-    def __init__(self, loader: Any, fullname: str, origin: str | None, entries: list[Entry]) -> None:
+    def __init__(
+        self, loader: Any, fullname: str, origin: str | None, entries: list[Entry]
+    ) -> None:
         self.loader = loader
         self.fullname = fullname
         self.origin = origin
@@ -127,13 +131,21 @@ class PatchLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
+        from .errors import PatchError
+
         code, plan, unseen, _ = self._build()
         namespace = module.__dict__
-        if plan is not None:
-            plan.before_exec(namespace)
-        exec(code, namespace)
-        if plan is not None:
-            plan.finish(namespace, unseen)
+        try:
+            if plan is not None:
+                plan.before_exec(namespace)
+            exec(code, namespace)
+            if plan is not None:
+                plan.finish(namespace, unseen)
+        except PatchError as exc:
+            if exc.module == self.fullname:  # not one raised by a nested import
+                self._record_failure(exc)
+            raise
+        mark_handled(module, (e.name for e in self.entries))
         self._after_exec(module)
 
     def get_code(self, fullname: str) -> CodeType:
@@ -146,9 +158,20 @@ class PatchLoader:
     # -- building ------------------------------------------------------------------------------
 
     def _build(self) -> tuple[CodeType, ModulePlan | None, set[str], str]:
+        from .errors import PatchError
+
         if self._built is None:
-            self._built = self._build_uncached()
+            try:
+                self._built = self._build_uncached()
+            except PatchError as exc:
+                self._record_failure(exc)
+                raise
         return self._built
+
+    def _record_failure(self, exc: Any) -> None:
+        from . import events
+
+        events.record("failed", exc.patch, self.fullname, "import", exc.what)
 
     def _ops(self) -> list[Op]:
         from . import events
@@ -156,7 +179,7 @@ class PatchLoader:
         from .errors import PatchError
         from .versions import check
 
-        patches = []
+        patches: list[Patch] = []
         for entry in self.entries:
             try:
                 patch = load_patch(entry)
@@ -166,6 +189,8 @@ class PatchLoader:
                     f"the patch declaration failed to load from {entry.source}: {exc}",
                     file=self.origin,
                 ) from exc
+            if any(p is patch for p in patches):
+                continue  # two entries for one Patch object: its ops must apply once
             ok, why = check(patch.requires)
             if not ok:
                 events.record("skipped", patch.name, self.fullname, "version", why)
@@ -174,9 +199,8 @@ class PatchLoader:
         return applicable_ops(patches, self.fullname)
 
     def _build_uncached(self) -> tuple[CodeType, ModulePlan | None, set[str], str]:
-        from . import bytecache, landing, publish, transforms
-        from .declare import CODE_KINDS
         from .errors import PatchError
+        from .landing import tolerated
 
         origin = self.origin
         if origin is None or not hasattr(self.loader, "get_data") or not origin.endswith(".py"):
@@ -186,6 +210,22 @@ class PatchLoader:
                 file=origin,
             )
         ops = self._ops()
+        while True:
+            try:
+                return self._build_with(origin, ops)
+            except PatchError as exc:
+                # Nothing has run yet: drop an on_error="warn" patch and build without it.
+                if not tolerated(exc, [op for op in ops if op.patch.name == exc.patch]):
+                    raise
+                ops = [op for op in ops if op.patch.name != exc.patch]
+
+    def _build_with(
+        self, origin: str, ops: list[Op]
+    ) -> tuple[CodeType, ModulePlan | None, set[str], str]:
+        from . import bytecache, landing, publish
+        from .declare import CODE_KINDS
+        from .errors import PatchError
+
         raw = self.loader.get_data(origin)
         text = _decode(raw)
         code_ops = [op for op in ops if op.kind in CODE_KINDS]
@@ -194,16 +234,20 @@ class PatchLoader:
         plan = landing.ModulePlan(self.fullname, object_ops, origin) if object_ops else None
         if plan is not None:
             landing.register(plan)
-        cache_root = bytecache.usable_root()
+        cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
-        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root)
+        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
         cached = bytecache.load(cache_root, key) if use_cache else None
         if cached is not None:
             code, unseen, patched = cached
             if patched != text:
                 publish.publish(origin, patched, cache_root)
         else:
-            patched = transforms.patch_text(self.fullname, origin, text, code_ops) if code_ops else text
+            from . import transforms  # not on the cache-hit path: it imports difflib, dataclasses
+
+            patched = text
+            if code_ops:
+                patched = transforms.patch_text(self.fullname, origin, text, code_ops)
             filename = origin
             if patched != text:
                 filename = publish.publish(origin, patched, cache_root)
@@ -218,12 +262,34 @@ class PatchLoader:
                 ) from None
             if use_cache:
                 bytecache.store(cache_root, key, code, unseen, patched)
+        for op in object_ops:
+            qual = landing.site_of(op)[0]
+            if op.patch.on_error == "warn" and qual in unseen:
+                # Landing after execution could fail half-way through a patch; refuse up front.
+                raise PatchError(
+                    op.patch.name, self.fullname,
+                    f"symbol {qual!r} has no binding in the source (target {op.target})",
+                    file=origin,
+                )
         self._code_events = code_ops
         return code, plan, unseen, patched
 
     def _after_exec(self, module: ModuleType) -> None:
         from . import events
 
+        if self._code_events and "triton" in sys.modules:
+            # Triton compiles a kernel's source text, not its code object: fail closed (before
+            # anything is reported applied) when a kernel does not carry the patched text.
+            from .errors import PatchError
+            from .kernels import check_kernels
+
+            code, _, _, patched = self._build()
+            names = list(dict.fromkeys(op.patch.name for op in self._code_events))
+            try:
+                check_kernels(module, patched, names, code.co_filename)
+            except PatchError as exc:
+                self._record_failure(exc)
+                raise
         seen: set[tuple[str, str]] = set()
         for op in self._code_events:
             if (op.patch.name, op.kind) in seen:
@@ -231,10 +297,6 @@ class PatchLoader:
             seen.add((op.patch.name, op.kind))
             how = "source-diff" if op.kind == "diff" else "transform"
             events.record("applied", op.patch.name, self.fullname, how)
-        if self._code_events and "triton" in sys.modules:
-            from .kernels import check_kernels
-
-            check_kernels(module, self._build()[3], [op.patch.name for op in self._code_events])
 
 
 def _decode(raw: bytes) -> str:
@@ -246,6 +308,20 @@ def _decode(raw: bytes) -> str:
     encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     text = raw.decode(encoding)
     return text[1:] if text.startswith("\ufeff") else text
+
+
+# Patches already handled (applied, skipped or failed) per module object: a later enable() must
+# not apply them again in place (a second wrap would stack on the first).
+_handled: dict[str, tuple[ModuleType, set[str]]] = {}
+
+
+def handled(module: ModuleType) -> set[str]:
+    entry = _handled.get(module.__name__)
+    return entry[1] if entry is not None and entry[0] is module else set()
+
+
+def mark_handled(module: ModuleType, patches: Iterable[str]) -> None:
+    _handled[module.__name__] = (module, handled(module) | set(patches))
 
 
 def installed() -> PatchFinder | None:

@@ -12,7 +12,7 @@ So the target module's tree is rewritten before it is compiled:
                                   def f(...): ...
 
     X = make()            ==>     X = make()
-                                  X = __import__('importpatch.landing').landing.land(M, 'X', 'assign')(X)
+                                  X = __import__(...).landing.land(M, 'X', 'assign')(X)
 
 Invariants:
 - Only targeted names get a landing; nothing else in the tree changes, and every inserted node
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 _BLOCK_FIELDS = ("body", "orelse", "finalbody")
 
 
-# -- Compile time: rewriting the tree ----------------------------------------------------------------
+# -- Compile time: rewriting the tree ------------------------------------------------------------
 
 
 def site_of(op: Op) -> tuple[str, str]:
@@ -122,7 +122,9 @@ def _derived_rebinding(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassD
     )
 
 
-def _rewrite_block(body: list[ast.stmt], module: str, trie: dict[str, Any], found: set[str]) -> None:
+def _rewrite_block(
+    body: list[ast.stmt], module: str, trie: dict[str, Any], found: set[str]
+) -> None:
     i = 0
     while i < len(body):
         stmt = body[i]
@@ -147,7 +149,8 @@ def _rewrite_block(body: list[ast.stmt], module: str, trie: dict[str, Any], foun
                 if qual is None:
                     continue
                 found.add(qual)
-                call = ast.Call(_land_call(module, qual, "assign", stmt), [ast.Name(name, ast.Load())], [])
+                land = _land_call(module, qual, "assign", stmt)
+                call = ast.Call(land, [ast.Name(name, ast.Load())], [])
                 assign = ast.Assign([ast.Name(name, ast.Store())], call)
                 inserted.append(ast.fix_missing_locations(ast.copy_location(assign, stmt)))
             # Same scope, nested blocks: if/else, try/except/finally, with, for/while, match.
@@ -163,7 +166,7 @@ def _rewrite_block(body: list[ast.stmt], module: str, trie: dict[str, Any], foun
         i += 1 + len(inserted)
 
 
-# -- Run time: applying operations as names are bound --------------------------------------------------
+# -- Run time: applying operations as names are bound --------------------------------------------
 
 
 class ModulePlan:
@@ -190,7 +193,8 @@ class ModulePlan:
             if stage == "follow":
                 result = obj
             elif stage == "inner":
-                result = self._apply(qual, self.sites[qual].get("inner", []), obj, "definition-site")
+                inner = self.sites[qual].get("inner", [])
+                result = self._apply(qual, inner, obj, "definition-site")
             else:  # outer, assign
                 stages = self.sites.get(qual, {})
                 ops = stages.get("outer", [])
@@ -213,10 +217,13 @@ class ModulePlan:
                 assert op.qualname is not None
                 attr = op.qualname.rpartition(".")[2]
                 if attr in getattr(obj, "__dict__", {}):
-                    raise PatchError(
+                    err = PatchError(
                         op.patch.name, self.module,
                         f"add {op.qualname}: {attr!r} already exists (use replace)", file=self.file,
                     )
+                    if tolerated(err, [op]):
+                        continue
+                    raise err
                 setattr(obj, attr, op.obj)
             events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", how, op.kind)
         return obj
@@ -228,19 +235,32 @@ class ModulePlan:
                 raise PatchError(op.patch.name, self.module, f"add {op.qualname}: already exists")
             namespace[op.qualname] = op.obj
 
-    def finish(self, namespace: dict[str, Any], unseen: set[str]) -> None:
-        """After execution: every target holds its patched object, or the import fails."""
+    def finish(self, namespace: dict[str, Any], unseen: set[str], *, late: bool = False) -> None:
+        """After execution (or, ``late``, on an already-imported module): every target holds its
+        patched object, or the import fails."""
         for op in self.module_adds:
             assert op.qualname is not None
             if namespace.get(op.qualname) is not op.obj:
-                raise PatchError(
+                err = PatchError(
                     op.patch.name, self.module,
                     f"add {op.qualname}: the module defines that name itself (use replace)",
                     file=self.file,
                 )
+                if tolerated(err, [op]):
+                    continue
+                raise err
+            how = "in-place" if late else "definition-site"
+            events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", how, op.kind)
         # Outer classes before their members, so a member patched late sees the final class.
         for qual in sorted(self.sites, key=lambda q: q.count(".")):
-            owner, current = resolve(namespace, qual, self)
+            stages = self.sites[qual]
+            ops = stages.get("inner", []) + stages.get("outer", [])
+            try:
+                owner, current = resolve(namespace, qual, self)
+            except PatchError as err:
+                if tolerated(err, ops):
+                    continue
+                raise
             if qual in self.final and current is self.final[qual]:
                 continue
             why = (
@@ -248,11 +268,22 @@ class ModulePlan:
                 if qual in unseen or qual not in self.final
                 else "name re-bound after its definition"
             )
-            stages = self.sites[qual]
-            ops = stages.get("inner", []) + stages.get("outer", [])
-            result = self._apply(qual, ops, current, f"after-exec ({why})")
+            how = "in-place" if late else f"after-exec ({why})"
+            result = self._apply(qual, ops, current, how)
             _set(owner, qual.rpartition(".")[2], result)
             self.final[qual] = result
+
+
+def tolerated(err: PatchError, ops: list[Op]) -> bool:
+    """``on_error="warn"``: a failure that concerns only such patches is logged, not raised."""
+    if not ops or any(op.patch.on_error != "warn" for op in ops):
+        return False
+    import logging
+
+    events.record(
+        "failed", err.patch, err.module, "skipped (on_error=warn)", err.what, level=logging.WARNING
+    )
+    return True
 
 
 def _op_order(op: Op) -> tuple[int, int, str]:

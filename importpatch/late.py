@@ -26,14 +26,19 @@ def apply_to_imported(finder: PatchFinder) -> int:
     from . import landing
     from .catalog import load_patch
     from .errors import PatchError
-    from .finder import applicable_ops
+    from .finder import applicable_ops, handled, mark_handled
     from .versions import check
 
     done = 0
     for name, entries in finder.by_module.items():
         module = sys.modules.get(name)
-        if module is None or getattr(module, "__importpatch_late__", None) is not None:
+        if module is None:
             continue
+        seen = handled(module)
+        entries = [e for e in entries if e.name not in seen]
+        if not entries:
+            continue
+        mark_handled(module, (e.name for e in entries))
         patches = []
         for entry in entries:
             try:
@@ -57,18 +62,18 @@ def apply_to_imported(finder: PatchFinder) -> int:
         object_ops = [o for o in ops if o.kind not in CODE_KINDS]
         if not object_ops:
             continue
-        plan = landing.ModulePlan(name, object_ops, getattr(module, "__file__", None))
         namespace = module.__dict__
-        before = {q: _raw(namespace, q) for q in plan.sites}
         try:
+            plan = landing.ModulePlan(name, object_ops, getattr(module, "__file__", None))
+            before = {q: _raw(namespace, q) for q in plan.sites}
             for op in plan.module_adds:
                 assert op.qualname is not None
                 if op.qualname in namespace:
                     raise PatchError(op.patch.name, name, f"add {op.qualname}: already exists")
                 namespace[op.qualname] = op.obj
-            plan.finish(namespace, set(plan.sites))
+            plan.finish(namespace, set(plan.sites), late=True)
         except PatchError as exc:
-            events.record("failed", object_ops[0].patch.name, name, "in-place", str(exc))
+            events.record("failed", exc.patch, name, "in-place", exc.what)
             continue
         landing.register(plan)
         for qual, original in before.items():

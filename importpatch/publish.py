@@ -18,6 +18,7 @@ disk. Measured (shared notes): only a *real file* holding the patched text, used
 from __future__ import annotations
 
 import hashlib
+import io
 import linecache
 import os
 
@@ -34,7 +35,9 @@ _original_clearcache: Any = None
 def publish(real_path: str, text: str, cache_root: str | None) -> str:
     """Make ``text`` readable as the source of the module at ``real_path``; returns the file name
     to compile the patched code under."""
-    lines = text.splitlines(keepends=True)
+    # As linecache reads a file (universal newlines): str.splitlines would also split on form
+    # feeds and \u2028 inside a line, and every later line number would be off.
+    lines = io.StringIO(text, newline=None).readlines()
     entry = (len(text), None, lines, real_path)
     _entries[real_path] = entry
     linecache.cache[real_path] = entry

@@ -1,3 +1,163 @@
-"""pytest plugin for patch authors (registered through the ``pytest11`` entry point)."""
+"""pytest plugin for patch authors (registered through the ``pytest11`` entry point).
+
+``importpatch_run`` (fixture) runs a snippet in a fresh interpreter (``sys.executable``, a real
+child process, so the start-up hook of this environment installs the patches) with the named
+patches enabled and its own events folder::
+
+    def test_my_patch(importpatch_run):
+        r = importpatch_run("import tpkg.mod as m; result = m.f()", enable=["my-patch"])
+        assert r.returncode == 0, r.stderr
+        assert r.result == 42                      # the snippet's ``result``, through JSON
+        assert [e["patch"] for e in r.applied] == ["my-patch"]
+
+``.events`` holds the events of that process and of every process it started (they inherit
+``IMPORTPATCH_EVENTS_DIR``), oldest first. Where ``importpatch.pth`` is not installed for
+``sys.executable`` (a checkout on ``PYTHONPATH``), the snippet's driver installs the hook itself
+before the snippet runs; processes the snippet starts are then not patched.
+
+``assert_applies_cleanly(name, against=None)`` runs ``importpatch check`` in this process
+(nothing is imported) and fails with the report when the patch would not apply.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Runs in the child: the hook first (unless the .pth already installed it), then the snippet as
+# __main__, then ``result`` as JSON to the file named by argv[2].
+_DRIVER = """\
+import json, runpy, sys
+if "importpatch._boot" not in sys.modules:
+    import importpatch._boot
+    importpatch._boot.start()
+ns = runpy.run_path(sys.argv[1], run_name="__main__")
+if "result" in ns:
+    with open(sys.argv[2], "w", encoding="utf-8") as f:
+        json.dump(ns["result"], f)
+"""
+
+
+@dataclasses.dataclass
+class RunResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    result: Any
+    events: list[dict[str, Any]]
+
+    @property
+    def applied(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["outcome"] == "applied"]
+
+
+def read_events(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every event in ``folder`` (all processes), oldest first."""
+    found: list[dict[str, Any]] = []
+    for file in sorted(Path(folder).glob("*.jsonl")):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                found.append(json.loads(line))
+    return sorted(found, key=lambda e: e["time"])
+
+
+def _child_env(
+    enable: Sequence[str], events_dir: Path, env: Mapping[str, str | None] | None,
+    path: Sequence[str | os.PathLike[str]] | None,
+) -> dict[str, str]:
+    out = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith(("IMPORTPATCH_", "VLLM_IMPORTPATCH_"))
+    }
+    out["IMPORTPATCH_ENABLE"] = ",".join(enable)
+    out["IMPORTPATCH_EVENTS_DIR"] = str(events_dir)
+    if path:
+        out["IMPORTPATCH_PATH"] = os.pathsep.join(os.fspath(p) for p in path)
+    for key, value in (env or {}).items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    here = str(Path(__file__).resolve().parent.parent)
+    if here not in _site_dirs():  # a checkout: let the child import this importpatch
+        out["PYTHONPATH"] = os.pathsep.join(filter(None, [out.get("PYTHONPATH"), here]))
+    return out
+
+
+def _site_dirs() -> set[str]:
+    import site
+
+    dirs = set(getattr(site, "getsitepackages", list)())
+    user = site.getusersitepackages()
+    return {str(Path(d).resolve()) for d in (*dirs, *([user] if isinstance(user, str) else []))}
+
+
+@pytest.fixture
+def importpatch_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., RunResult]:
+    """``run(code, *, enable, env=None, path=None, timeout=120) -> RunResult``."""
+    base = tmp_path_factory.mktemp("importpatch_run")
+    counter = iter(range(1 << 30))
+
+    def run(
+        code: str,
+        *,
+        enable: Sequence[str],
+        env: Mapping[str, str | None] | None = None,
+        path: Sequence[str | os.PathLike[str]] | None = None,
+        timeout: float = 120,
+    ) -> RunResult:
+        if isinstance(enable, str):
+            raise TypeError("enable= takes a list of patch names, e.g. enable=['my-patch']")
+        work = base / f"run{next(counter)}"
+        events_dir = work / "events"
+        events_dir.mkdir(parents=True)
+        snippet, result_file = work / "snippet.py", work / "result.json"
+        snippet.write_text(textwrap.dedent(code), encoding="utf-8")
+        proc = subprocess.run(
+            [sys.executable, "-c", _DRIVER, str(snippet), str(result_file)],
+            env=_child_env(enable, events_dir, env, path), capture_output=True, text=True,
+            timeout=timeout, cwd=work,
+        )
+        result = None
+        if result_file.exists():
+            result = json.loads(result_file.read_text(encoding="utf-8"))
+        return RunResult(proc.returncode, proc.stdout, proc.stderr, result, read_events(events_dir))
+
+    return run
+
+
+def assert_applies_cleanly(
+    name: str, *, against: str | os.PathLike[str] | None = None,
+    path: Sequence[str | os.PathLike[str]] | None = None,
+) -> None:
+    """Fail (AssertionError with the check report) unless patch ``name`` would apply to the
+    installed packages, or to ``against`` (a wheel, sdist, source tree or site-packages).
+    ``path``: extra patch folders, as ``IMPORTPATCH_PATH``."""
+    from . import check
+
+    environ = dict(os.environ)
+    if path:
+        extra = os.pathsep.join(os.fspath(p) for p in path)
+        current = environ.get("IMPORTPATCH_PATH")
+        environ["IMPORTPATCH_PATH"] = os.pathsep.join(filter(None, [current, extra]))
+    report = check.run([name], None if against is None else os.fspath(against), environ)
+    if report.exit_status != 0:
+        raise AssertionError(_explain(report))
+
+
+def _explain(report: Any) -> str:
+    from .cli import Style, check_lines
+
+    lines = [f"against: {report.against.label}"]
+    for p in report.patches:
+        lines += check_lines(p, Style(None))
+    return "\n".join(lines)

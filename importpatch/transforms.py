@@ -34,7 +34,7 @@ def patch_text(module: str, file: str, text: str, ops: list[Op]) -> str:
         try:
             text = diffs.apply(text, op.file_patch)
         except diffs.HunkMismatch as exc:
-            raise PatchError(op.patch.name, module, f"{op.file_patch.path}: {exc}", file=file) from None
+            raise PatchError(op.patch.name, module, str(exc), file=file) from None  # names the path
     transforms = _by_patch(ops, TRANSFORM)
     if transforms:
         tree = _parse(text, module, file, transforms[0])

@@ -46,6 +46,9 @@ def check(
     requires: Iterable[str], version_of: Callable[[str], str | None] = distribution_version
 ) -> tuple[bool, str]:
     """(holds, reason). An unparsable requirement does not hold, and says so."""
+    requires = tuple(requires)
+    if not requires:  # importing packaging costs ~15-60 ms: not for patches without requirements
+        return True, "no version requirement"
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
 
@@ -61,7 +64,7 @@ def check(
         try:
             ok = req.specifier.contains(Version(installed), prereleases=True)
         except InvalidVersion:
-            return False, f"requires {text}, installed {req.name} {installed} is not a PEP 440 version"
+            return False, f"requires {text}, installed {req.name} {installed} is not PEP 440"
         if not ok:
             return False, f"requires {text}, installed {req.name} {installed}"
         reasons.append(f"{req.name} {installed} satisfies {text}")

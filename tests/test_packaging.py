@@ -100,10 +100,19 @@ def test_editable_install_puts_pth_in_site_packages(tmp_path: Path) -> None:
     assert path_pths and all(name < "importpatch.pth" for name in path_pths), path_pths
 
 
-def test_finder_installed_exactly_once_when_enabled(wheel_venv: Venv) -> None:
+def test_finder_installed_exactly_once_when_enabled(wheel_venv: Venv, tmp_path: Path) -> None:
+    # A finder exists only while an enabled patch targets something: give it one. The .pth
+    # line runs twice in a venv (site.venv and site.main); the second run must not add a finder.
+    (tmp_path / "one.py").write_text(
+        "from importpatch import Patch\nPatch('one').replace('some_target.mod:f', None)\n"
+    )
     proc = wheel_venv.run(
         "import sys; print([type(f).__name__ for f in sys.meta_path])",
-        env={"IMPORTPATCH_ENABLE": "all"},
+        env={
+            "IMPORTPATCH_ENABLE": "all",
+            "IMPORTPATCH_PATH": str(tmp_path),
+            "IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"),
+        },
     )
     assert proc.returncode == 0, proc.stderr
     names = ast.literal_eval(proc.stdout.strip().splitlines()[-1])

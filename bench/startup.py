@@ -1,0 +1,130 @@
+"""Start-up cost of the .pth hook: `python -c pass` in fresh processes.
+
+1. Package installed, nothing enabled / package absent: two venvs made the same way (same
+   dependencies), one with the project wheel. Goal: ratio <= 1.01.
+2. Ten enabled patches (8 .py declarations, 2 .diff files, targets not imported): extra start-up
+   time against nothing enabled, with the catalog index warm (every process after the first) and
+   cold (a new cache folder each run: declarations executed, entry points scanned).
+   Goal: <= +3 ms warm, and below vLLM's own plugin discovery,
+   ``importlib.metadata.entry_points(group="vllm.general_plugins")`` (import included), measured
+   the same way in the same environment: the vLLM venv when it exists, else the wheel venv.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from _common import (
+    BENCH_DIR, VLLM_PYTHON, Row, Venv, clean_env, interleave, log, median, ms, project_wheel,
+    spawn, venv,
+)
+
+DEPS = ("packaging>=23", "wrapt>=1.16")
+SCAN = "import importlib.metadata as m; m.entry_points(group='vllm.general_plugins')"
+
+
+def write_patches(folder: Path) -> list[str]:
+    """Ten patch declarations on modules that `python -c pass` never imports."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    names = []
+    for i in range(8):
+        kind = "replace" if i % 2 else "wrap"
+        body = "return 0" if kind == "replace" else "return wrapped(*args, **kwargs)"
+        params = "x" if kind == "replace" else "wrapped, instance, args, kwargs"
+        (folder / f"p{i}.py").write_text(
+            f"from importpatch import Patch\n\np = Patch('bench-p{i}', requires='packaging>=20')\n"
+            f"\n\n@p.{kind}('benchtarget.m{i}:f')\ndef f({params}):\n    {body}\n"
+        )
+        names.append(f"bench-p{i}")
+    for i in (8, 9):
+        (folder / f"d{i}.diff").write_text(
+            f"Name: bench-d{i}\n--- a/benchtarget/m{i}.py\n+++ b/benchtarget/m{i}.py\n"
+            "@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
+        )
+        names.append(f"bench-d{i}")
+    return names
+
+
+def run(scale: float = 1.0) -> list[Row]:
+    wheel = project_wheel()
+    bare = venv("startup-bare", *DEPS)
+    with_wheel = venv("startup-wheel", *DEPS, wheel=wheel)
+    xdg = BENCH_DIR / "xdg"
+    base = clean_env({"XDG_CACHE_HOME": str(xdg)})
+    for v in (bare, with_wheel):  # first process writes the "nothing on by default" stamp
+        spawn([str(v.python), "-c", "pass"], base)
+    rows: list[Row] = []
+
+    reps = max(20, int(200 * scale))
+    log(f"startup: python -c pass, installed vs absent, {reps} interleaved rounds")
+    s = interleave({
+        "absent": lambda: dict(zip(("wall", "cpu"), spawn([str(bare.python), "-c", "pass"], base))),
+        "installed": lambda: dict(zip(("wall", "cpu"),
+                                      spawn([str(with_wheel.python), "-c", "pass"], base))),
+    }, reps)
+    a, b = median(s["absent"]["wall"]), median(s["installed"]["wall"])
+    ratio, cpu_ratio = b / a, median(s["installed"]["cpu"]) / median(s["absent"]["cpu"])
+    rows.append(Row(
+        "`python -c pass`: installed, nothing enabled / absent", f"absent {ms(a)}",
+        f"installed {ms(b)}", f"{ratio:.3f} (CPU {cpu_ratio:.3f})", "<= 1.01",
+        ratio <= 1.01,
+    ))
+
+    patches = BENCH_DIR / "startup" / "patches"
+    names = write_patches(patches)
+    on = dict(base, IMPORTPATCH_PATH=str(patches), IMPORTPATCH_ENABLE=",".join(names),
+              IMPORTPATCH_CACHE_DIR=str(BENCH_DIR / "startup" / "cache"))
+    envs: list[tuple[str, Venv | Path]] = [("wheel venv", with_wheel)]
+    if VLLM_PYTHON.exists():
+        envs.insert(0, ("vLLM venv", VLLM_PYTHON))
+    for label, where in envs[:1]:
+        py = str(where.python if isinstance(where, Venv) else where)
+        spawn([py, "-c", "pass"], on)  # builds the index
+
+        def cold(py: str = py) -> dict[str, float]:
+            fresh = tempfile.mkdtemp(prefix="ipcold", dir=BENCH_DIR)
+            try:
+                wall, cpu = spawn([py, "-c", "pass"], dict(on, IMPORTPATCH_CACHE_DIR=fresh))
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+            return {"wall": wall, "cpu": cpu}
+
+        reps = max(15, int(80 * scale))
+        log(f"startup: 10 patches in the {label} ({py}), {reps} interleaved rounds")
+        s = interleave({
+            "none": lambda py=py: dict(zip(("wall", "cpu"), spawn([py, "-c", "pass"], base))),
+            "ten": lambda py=py: dict(zip(("wall", "cpu"), spawn([py, "-c", "pass"], on))),
+            "ten-cold": cold,
+            "scan": lambda py=py: dict(zip(("wall", "cpu"), spawn([py, "-c", SCAN], base))),
+        }, reps)
+        none = median(s["none"]["wall"])
+        ten = median(s["ten"]["wall"]) - none
+        ten_cold = median(s["ten-cold"]["wall"]) - none
+        scan = median(s["scan"]["wall"]) - none
+        cpu = {k: median(v["cpu"]) - median(s["none"]["cpu"]) for k, v in s.items()}
+        rows.append(Row(
+            f"`python -c pass` + 10 enabled patches, index warm ({label})",
+            f"nothing enabled {ms(none)}", f"10 enabled {ms(none + ten)}",
+            f"+{ten * 1e3:.2f} ms (CPU +{cpu['ten'] * 1e3:.2f} ms)",
+            "<= +3 ms and < vLLM's entry-point scan", ten <= 0.003 and ten < scan,
+        ))
+        rows.append(Row(
+            f"same, discovery cold: new cache folder every run ({label})",
+            f"nothing enabled {ms(none)}", f"10 enabled {ms(none + ten_cold)}",
+            f"+{ten_cold * 1e3:.2f} ms (CPU +{cpu['ten-cold'] * 1e3:.2f} ms)", "report", None,
+        ))
+        rows.append(Row(
+            f"anchor: vLLM's `entry_points(group='vllm.general_plugins')`, import incl. ({label})",
+            f"`python -c pass` {ms(none)}", f"with the scan {ms(none + scan)}",
+            f"+{scan * 1e3:.2f} ms (CPU +{cpu['scan'] * 1e3:.2f} ms)", "anchor", None,
+        ))
+    return rows
+
+
+if __name__ == "__main__":
+    from _common import table
+
+    print(table(run()))

