@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DIR = Path(os.environ.get("IMPORTPATCH_BENCH_DIR") or Path(tempfile.gettempdir()) / "importpatch-bench")
+BENCH_DIR = Path(
+    os.environ.get("IMPORTPATCH_BENCH_DIR") or Path(tempfile.gettempdir()) / "importpatch-bench"
+)
 VLLM_PYTHON = Path("/work/venvs/vllm/bin/python")
 
 
@@ -112,12 +114,11 @@ def _pip(path: Path, *args: str) -> None:
                     *args], check=True, env=clean_env(), capture_output=True, timeout=1800)
 
 
-def spawn(cmd: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -> tuple[float, float]:
-    """(wall seconds, child CPU seconds) of one child process; output is discarded."""
+def spawn(cmd: Sequence[str], env: Mapping[str, str]) -> dict[str, float]:
+    """Wall seconds and the child's CPU seconds (user + system) of one child process."""
     with tempfile.TemporaryFile() as errf:  # a file, not a pipe: wait4 must not block on it
         t0 = time.perf_counter()
-        proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd,
-                                stdout=subprocess.DEVNULL, stderr=errf)
+        proc = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.DEVNULL, stderr=errf)
         _, status, usage = os.wait4(proc.pid, 0)  # wait4: the child's own CPU time too
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -125,7 +126,7 @@ def spawn(cmd: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -
         err = errf.read()
     if proc.returncode != 0 or err:
         raise RuntimeError(f"{cmd} failed ({proc.returncode}):\n{err.decode()}")
-    return wall, usage.ru_utime + usage.ru_stime
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime}
 
 
 def measure(child: str, env: Mapping[str, str], python: Path, *args: str) -> dict[str, float]:

@@ -17,8 +17,18 @@ import tempfile
 from pathlib import Path
 
 from _common import (
-    BENCH_DIR, VLLM_PYTHON, Row, Venv, clean_env, interleave, log, median, ms, project_wheel,
-    spawn, venv,
+    BENCH_DIR,
+    VLLM_PYTHON,
+    Row,
+    Venv,
+    clean_env,
+    interleave,
+    log,
+    median,
+    ms,
+    project_wheel,
+    spawn,
+    venv,
 )
 
 DEPS = ("packaging>=23", "wrapt>=1.16")
@@ -61,9 +71,8 @@ def run(scale: float = 1.0) -> list[Row]:
     reps = max(20, int(200 * scale))
     log(f"startup: python -c pass, installed vs absent, {reps} interleaved rounds")
     s = interleave({
-        "absent": lambda: dict(zip(("wall", "cpu"), spawn([str(bare.python), "-c", "pass"], base))),
-        "installed": lambda: dict(zip(("wall", "cpu"),
-                                      spawn([str(with_wheel.python), "-c", "pass"], base))),
+        "absent": lambda: spawn([str(bare.python), "-c", "pass"], base),
+        "installed": lambda: spawn([str(with_wheel.python), "-c", "pass"], base),
     }, reps)
     a, b = median(s["absent"]["wall"]), median(s["installed"]["wall"])
     ratio, cpu_ratio = b / a, median(s["installed"]["cpu"]) / median(s["absent"]["cpu"])
@@ -87,18 +96,17 @@ def run(scale: float = 1.0) -> list[Row]:
         def cold(py: str = py) -> dict[str, float]:
             fresh = tempfile.mkdtemp(prefix="ipcold", dir=BENCH_DIR)
             try:
-                wall, cpu = spawn([py, "-c", "pass"], dict(on, IMPORTPATCH_CACHE_DIR=fresh))
+                return spawn([py, "-c", "pass"], dict(on, IMPORTPATCH_CACHE_DIR=fresh))
             finally:
                 shutil.rmtree(fresh, ignore_errors=True)
-            return {"wall": wall, "cpu": cpu}
 
         reps = max(15, int(80 * scale))
         log(f"startup: 10 patches in the {label} ({py}), {reps} interleaved rounds")
         s = interleave({
-            "none": lambda py=py: dict(zip(("wall", "cpu"), spawn([py, "-c", "pass"], base))),
-            "ten": lambda py=py: dict(zip(("wall", "cpu"), spawn([py, "-c", "pass"], on))),
+            "none": lambda py=py: spawn([py, "-c", "pass"], base),
+            "ten": lambda py=py: spawn([py, "-c", "pass"], on),
             "ten-cold": cold,
-            "scan": lambda py=py: dict(zip(("wall", "cpu"), spawn([py, "-c", SCAN], base))),
+            "scan": lambda py=py: spawn([py, "-c", SCAN], base),
         }, reps)
         none = median(s["none"]["wall"])
         ten = median(s["ten"]["wall"]) - none

@@ -14,9 +14,10 @@ Invariants:
   settings and replacement objects are not in it: they do not change the code (replacements are
   looked up when the module executes). A transform whose defining file cannot be read has no
   key (b""): it is compiled every time rather than risk a stale entry.
-- The hash is SipHash-1-3 under two keys (``_imp.source_hash``, what CPython checks hash-based
-  .pyc files with): no ``hashlib`` import on the path of every patched import, ~3x faster than
-  SHA-256, and a cache folder only its owner can write needs no defence against forged entries.
+- The hash is SipHash-1-3 (``_imp.source_hash``): the source bytes get one 64-bit hash, exactly
+  the check CPython trusts for checked hash-based .pyc files; the key material two (128 bits).
+  No ``hashlib`` import on the path of every patched import, ~3x faster than SHA-256, and a cache
+  folder only its owner can write needs no defence against forged entries.
 - An entry is written to a temporary name in the same folder and moved into place with
   ``os.replace``, so a reader sees a whole entry or none; concurrent writers of one key write the
   same bytes.
@@ -156,7 +157,8 @@ def key(
     material = [
         FORMAT, MAGIC_NUMBER, str(sys.flags.optimize).encode(), __version__.encode(),
         module.encode(), (origin or "").encode("utf-8", "surrogateescape"),
-        (root or "").encode("utf-8", "surrogateescape"), _hash(source),
+        (root or "").encode("utf-8", "surrogateescape"),
+        _imp.source_hash(_SIPHASH_KEYS[0], source),  # 64 bits, as CPython's checked .pyc files
         "\0".join(sorted(qualnames)).encode(),
     ]
     for op in code_ops:
@@ -172,8 +174,11 @@ def _path(root: str, key: bytes) -> str:
     return os.path.join(root, "code", hexkey[:2], hexkey[2:] + ".ipc")
 
 
-def load(root: str | None, key: bytes) -> tuple[CodeType, set[str], str] | None:
-    """The entry for ``key``, or None when there is none or it fails any check."""
+def load(
+    root: str | None, key: bytes, original: str = ""
+) -> tuple[CodeType, set[str], str] | None:
+    """The entry for ``key`` (code, unseen names, patched text), or None when there is none or
+    it fails any check. ``original``: the module's text, for entries stored without text."""
     if root is None or len(key) != _KEY_LEN:
         return None
     from importlib.util import MAGIC_NUMBER
@@ -197,18 +202,24 @@ def load(root: str | None, key: bytes) -> tuple[CodeType, set[str], str] | None:
         code, unseen, text = marshal.loads(memoryview(data)[_HEADER:])
     except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
         return None
+    if text is None:
+        text = original
     if not isinstance(code, _CodeType) or not isinstance(text, str):
         return None
     return code, set(unseen), text
 
 
-def store(root: str | None, key: bytes, code: CodeType, unseen: set[str], text: str) -> bool:
-    """Write the entry for ``key`` atomically; False when it could not be written (logged once)."""
+def store(
+    root: str | None, key: bytes, code: CodeType, unseen: set[str], text: str, original: str = ""
+) -> bool:
+    """Write the entry for ``key`` atomically; False when it could not be written (logged once).
+    The patched ``text`` is stored only where it differs from ``original`` (replace / wrap / add
+    leave the text alone): a third less to read and check on every import."""
     if root is None or len(key) != _KEY_LEN:
         return False
     from importlib.util import MAGIC_NUMBER
 
-    payload = marshal.dumps((code, tuple(sorted(unseen)), text))
+    payload = marshal.dumps((code, tuple(sorted(unseen)), None if text == original else text))
     header = FORMAT + MAGIC_NUMBER + key + len(payload).to_bytes(8, "little")
     path = _path(root, key)
     # Unique per writer: processes (pid) and threads (ident) never share a temporary file.

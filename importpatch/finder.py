@@ -237,7 +237,7 @@ class PatchLoader:
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
-        cached = bytecache.load(cache_root, key) if use_cache else None
+        cached = bytecache.load(cache_root, key, text) if use_cache else None
         if cached is not None:
             code, unseen, patched = cached
             if patched != text:
@@ -261,7 +261,7 @@ class PatchLoader:
                     f"patched source does not compile: {exc.msg} (line {exc.lineno})", file=origin,
                 ) from None
             if use_cache:
-                bytecache.store(cache_root, key, code, unseen, patched)
+                bytecache.store(cache_root, key, code, unseen, patched, text)
         for op in object_ops:
             qual = landing.site_of(op)[0]
             if op.patch.on_error == "warn" and qual in unseen:

@@ -279,10 +279,14 @@ def test_python_S_activates_through_vllm_general_plugin(
     # activates patching; site-packages comes from PYTHONPATH.
     import sysconfig
 
-    site_packages = sysconfig.get_paths()["purelib"]
+    import importpatch
+
+    # site-packages, plus where importpatch lives (the same folder for a wheel install; the
+    # checkout for an editable one, whose path .pth does not run under -S either).
+    paths = [sysconfig.get_paths()["purelib"], str(Path(importpatch.__file__).parent.parent)]
     env = vllm_env(
         tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
-        PYTHONPATH=site_packages, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
     proc = subprocess.run(
         [sys.executable, "-S", str(GENERATE), "--model", model_dir, "--blocker", "--priorities",

@@ -1,0 +1,112 @@
+"""Per-call cost of patched functions, in one child process of the wheel venv.
+
+The target module ``callpkg.m`` has four identical functions ``def fN(x): return x``; the
+``.pth`` hook patches two of them at import: ``f_wrapped`` with ``Patch.wrap`` (a wrapper that
+calls through, wrapt's convention) and ``f_replaced`` with ``Patch.replace`` (an identical
+function). Anchors in the same process: ``f_mp`` monkeypatched after import with a plain
+closure wrapper, and ``f_wrapt`` wrapped with ``wrapt.wrap_function_wrapper`` (what wrapt's
+post-import hooks install). Timing: ``timeit`` of ``m.fN(1)``, the variants interleaved for
+``reps`` rounds; per round the best of 3 loops; medians of the rounds.
+
+Goals: wrap overhead (wrapped - plain) <= 1 us per call; replace overhead (replaced - plain) 0,
+the replacement *is* the module attribute (checked), so the difference is measurement noise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+from _common import BENCH_DIR, Row, clean_env, log, project_wheel, venv
+
+TARGET = "".join(f"def {n}(x):\n    return x\n\n\n" for n in
+                 ("f_plain", "f_wrapped", "f_replaced", "f_mp", "f_wrapt"))
+
+PATCH = """\
+from importpatch import Patch
+
+p = Patch("bench-calls")
+
+
+@p.wrap("callpkg.m:f_wrapped")
+def through(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+
+
+@p.replace("callpkg.m:f_replaced")
+def f_replaced(x):
+    return x
+"""
+
+CHILD = """\
+import json, statistics, sys, timeit
+import wrapt
+import callpkg.m as m
+replacement = next(v for k, v in sys.modules.items() if k.startswith("importpatch._declared.calls_"))
+assert m.f_replaced is replacement.f_replaced, "replace must bind the replacement itself"
+assert type(m.f_wrapped).__name__ == "FunctionWrapper"
+orig = m.f_mp
+def f_mp(*args, **kwargs):
+    return orig(*args, **kwargs)
+m.f_mp = f_mp
+def through(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+wrapt.wrap_function_wrapper(m, "f_wrapt", through)
+names = ["f_plain", "f_wrapped", "f_replaced", "f_mp", "f_wrapt"]
+timers = {n: timeit.Timer(f"m.{n}(1)", globals={"m": m}) for n in names}
+number = int(sys.argv[1])
+res = {n: [] for n in names}
+for r in range(int(sys.argv[2])):
+    order = names[r % len(names):] + names[:r % len(names)]
+    for n in order:
+        res[n].append(min(timers[n].repeat(3, number)) / number)
+print(json.dumps({n: statistics.median(v) for n, v in res.items()}))
+"""
+
+
+def run(scale: float = 1.0) -> list[Row]:
+    py = venv("startup-wheel", "packaging>=23", "wrapt>=1.16", wheel=project_wheel()).python
+    work = BENCH_DIR / "calls"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "pkg" / "callpkg").mkdir(parents=True)
+    (work / "pkg" / "callpkg" / "__init__.py").write_text("")
+    (work / "pkg" / "callpkg" / "m.py").write_text(TARGET)
+    (work / "patches").mkdir()
+    (work / "patches" / "calls.py").write_text(PATCH)
+    env = clean_env({
+        "PYTHONPATH": str(work / "pkg"), "IMPORTPATCH_PATH": str(work / "patches"),
+        "IMPORTPATCH_ENABLE": "bench-calls", "IMPORTPATCH_CACHE_DIR": str(work / "cache"),
+    })
+    rounds = max(5, int(30 * scale))
+    log(f"call overhead: {rounds} interleaved rounds of 5 variants x 3 x 200k calls")
+    out = subprocess.run([str(py), "-c", CHILD, "200000", str(rounds)], env=env,
+                         capture_output=True, text=True, check=True, timeout=1200)
+    t = json.loads(out.stdout)
+    base = t["f_plain"]
+
+    def ns(k: str) -> str:
+        return f"{t[k] * 1e9:.1f} ns"
+
+    def over(k: str) -> float:
+        return t[k] - base
+
+    return [
+        Row("wrap patch: overhead per call (wrapped - plain call)", f"plain {ns('f_plain')}",
+            f"wrapped {ns('f_wrapped')}", f"+{over('f_wrapped') * 1e9:.0f} ns", "<= 1 us",
+            over("f_wrapped") <= 1e-6),
+        Row("replace patch: overhead per call (the attribute is the replacement)",
+            f"plain {ns('f_plain')}", f"replaced {ns('f_replaced')}",
+            f"{over('f_replaced') * 1e9:+.1f} ns (noise)", "0", abs(over("f_replaced")) < 5e-9),
+        Row("anchor: monkeypatch with a closure wrapper", f"plain {ns('f_plain')}",
+            f"closure {ns('f_mp')}", f"+{over('f_mp') * 1e9:.0f} ns", "anchor", None),
+        Row("anchor: wrapt.wrap_function_wrapper (wrapt post-import hook style)",
+            f"plain {ns('f_plain')}", f"wrapt {ns('f_wrapt')}",
+            f"+{over('f_wrapt') * 1e9:.0f} ns", "anchor", None),
+    ]
+
+
+if __name__ == "__main__":
+    from _common import table
+
+    print(table(run()))
