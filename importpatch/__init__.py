@@ -42,16 +42,16 @@ def enable(*names: str, environ: dict[str, str] | None = None) -> int:
     import os
 
     from . import _boot, config
+    from .declare import iter_registry
+    from .finder import installed
 
     env = dict(os.environ if environ is None else environ)
-    if names:
-        current = config.get(env, config.ENABLE) or ""
-        env[config.ENABLE] = ",".join(filter(None, [current, *names]))
-    from .declare import iter_registry
-
+    # Earlier enable() calls stay in force: the new finder replaces the old one.
+    current = installed()
+    previous = [e.name for e in current.entries] if current is not None else []
     api_names = [p.name for p in iter_registry()]
-    if api_names:
-        env[config.ENABLE] = ",".join(filter(None, [env.get(config.ENABLE, ""), *api_names]))
+    wanted = [config.get(env, config.ENABLE) or "", *previous, *names, *api_names]
+    env[config.ENABLE] = ",".join(filter(None, wanted))
     finder = _boot.activate(env, late=True)
     return len(finder.entries) if finder is not None else 0
 

