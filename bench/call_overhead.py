@@ -43,7 +43,8 @@ CHILD = """\
 import json, statistics, sys, timeit
 import wrapt
 import callpkg.m as m
-replacement = next(v for k, v in sys.modules.items() if k.startswith("importpatch._declared.calls_"))
+declared = "importpatch._declared.calls_"
+replacement = next(v for k, v in sys.modules.items() if k.startswith(declared))
 assert m.f_replaced is replacement.f_replaced, "replace must bind the replacement itself"
 assert type(m.f_wrapped).__name__ == "FunctionWrapper"
 orig = m.f_mp

@@ -54,7 +54,8 @@ def f():
 
 def run(scale: float = 1.0) -> list[Row]:
     log("torch: creating/reusing a venv with torch==2.13.0 (first time: a few minutes)")
-    v = venv("torch", "torch==2.13.0", "packaging>=23", "wrapt>=1.16", wheel=project_wheel())
+    v = venv("torch", "torch==2.13.0", "numpy", "packaging>=23", "wrapt>=1.16",
+             wheel=project_wheel())
     work = BENCH_DIR / "torch"
     shutil.rmtree(work, ignore_errors=True)
     (work / "patches").mkdir(parents=True)

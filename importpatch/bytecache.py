@@ -8,12 +8,15 @@ vLLM starts 3-4 interpreters per engine and each would compile every patched mod
 Invariants:
 - The key is a 128-bit hash over everything that changes the compiled code: the original source
   bytes, the content of every applied code operation in the order it is applied (diff hunks; an
-  AST transform's code, closure, defaults and the text of the file that defines it), the targeted
+  AST transform's defining file, its place there, closure values and defaults), the targeted
   names, the interpreter's magic number and optimisation level, the project's version, the module
   name, its file and the root (the code's file name is one of them). Patch *names*, toggles, log
   settings and replacement objects are not in it: they do not change the code (replacements are
-  looked up when the module executes). A transform whose defining file cannot be read has no
-  key (b""): it is compiled every time rather than risk a stale entry.
+  looked up when the module executes). A transform is keyed by the whole text of the file that
+  defines it, so a change to a helper *in another file* that it calls is not seen: change the
+  transform's file too (or set ``IMPORTPATCH_NO_CACHE=1`` while developing). A transform whose
+  file cannot be read, or whose closure holds objects (not plain values), has no key (b""): it
+  is compiled every time rather than risk a stale entry.
 - The hash is SipHash-1-3 (``_imp.source_hash``): the source bytes get one 64-bit hash, exactly
   the check CPython trusts for checked hash-based .pyc files; the key material two (128 bits).
   No ``hashlib`` import on the path of every patched import, ~3x faster than SHA-256, and a cache
@@ -115,15 +118,14 @@ def _part(data: bytes) -> bytes:
 
 
 def op_fingerprint(op: Op) -> bytes | None:
-    """What a code operation contributes to the compiled code (never its patch's name); None
-    when that cannot be known. replace/wrap/add contribute only their site's qualname."""
+    """What a diff or transform contributes to the compiled code (never its patch's name); None
+    when that cannot be known."""
     if op.kind == "diff":
         assert op.file_patch is not None
         return repr(op.file_patch.hunks).encode()
-    if op.kind != "transform":
-        return b""
-    # The transform may read anything its module defines: hash the whole defining file. What it
-    # reads from other files is not seen (documented in the README's caching section).
+    # A transform may use anything its module defines: the whole text of the defining file, which
+    # function of it, and the values in its closure and defaults. Code in *other* files that it
+    # calls is not seen (see the module docstring).
     fn = op.obj
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -131,13 +133,19 @@ def op_fingerprint(op: Op) -> bytes | None:
     try:
         with open(code.co_filename, "rb") as f:
             file_text = f.read()
-        cells = tuple(c.cell_contents for c in fn.__closure__ or ())
-        # Values only: a function or object in a closure would marshal (or repr) differently in
-        # every process, so such a transform is not cached at all.
-        extra = marshal.dumps((fn.__defaults__, fn.__kwdefaults__, cells))
+        cells = (c.cell_contents for c in fn.__closure__ or ())
+        values = (fn.__defaults__, fn.__kwdefaults__, *cells)
+        if any(isinstance(v, (set, frozenset)) for v in values):
+            return None  # iteration order, and so the bytes, change with the hash seed
+        # Marshal version 2 writes no back-references, so equal values give equal bytes in every
+        # process; a function or object in the closure raises ValueError: not cached then.
+        extra = marshal.dumps(values, 2)
     except (OSError, ValueError):
         return None
-    return _part(marshal.dumps(code)) + _part(extra) + _part(file_text)
+    where = f"{code.co_filename}\0{code.co_firstlineno}\0{code.co_name}".encode(
+        "utf-8", "surrogateescape"
+    )
+    return _part(where) + _part(extra) + _part(file_text)
 
 
 def key(

@@ -39,7 +39,7 @@ diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
          "failed": int, "processes": int}}, "bad_lines": int}
-         PROC = {"host", "pid", "ppid", "argv": [str], "parent_seen": bool,
+         PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
                  "events": [{"time", "outcome", "patch", "target", "how", "detail"}],
                  "children": [PROC]}
 doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
@@ -380,7 +380,10 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
                 try:
                     ev = json.loads(line)
                     key = (str(ev["host"]), int(ev["pid"]))
-                    fields = {"ppid": int(ev["ppid"]), "argv": [str(a) for a in ev["argv"]]}
+                    fields = {
+                        "ppid": int(ev["ppid"]), "argv": [str(a) for a in ev["argv"]],
+                        "process": str(ev.get("process", "")),  # absent in older events
+                    }
                     event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": float(ev["time"])}
                 except (ValueError, KeyError, TypeError):
                     bad += 1
@@ -420,7 +423,8 @@ def process_tree(procs: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str,
 
 def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
     indent = "    " * depth
-    head = f"{indent}pid {proc['pid']} on {proc['host']}"
+    name = f" {proc['process']}" if proc["process"] not in ("", "MainProcess") else ""
+    head = f"{indent}pid {proc['pid']}{name} on {proc['host']}"
     if not proc["parent_seen"]:
         head += f" (parent {proc['ppid']})"
     argv = " ".join([os.path.basename(proc["argv"][0]), *proc["argv"][1:]]) if proc["argv"] else ""

@@ -46,6 +46,7 @@ def record(
         "ppid": os.getppid(),
         "host": socket.gethostname(),
         "argv": list(getattr(sys, "orig_argv", sys.argv))[:12],
+        "process": _process_name(),
         "outcome": outcome,
         "patch": patch,
         "target": target,
@@ -70,6 +71,16 @@ def record(
     if folder:
         _append(folder, event)
     return event
+
+
+def _process_name() -> str:
+    """multiprocessing's name for this process (vLLM names them EngineCore_DP0, VllmWorker-0, ...);
+    spawn sets it before the child imports anything, so it is right for import-time events."""
+    mp = sys.modules.get("multiprocessing")
+    try:
+        return str(mp.current_process().name) if mp is not None else "MainProcess"
+    except Exception:
+        return "?"
 
 
 def _append(folder: str, event: dict[str, Any]) -> None:

@@ -60,6 +60,9 @@ def test_16_processes_cold_start_on_one_empty_cache_all_patched_all_entries_vali
     assert validate_cache(wheel_venv, cache) == {"good": 3, "bad": [], "stray": []}
     assert len(cache_entries(cache)) == 3
     assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
+    # The published patched text (what tracebacks and Triton read) is complete too.
+    published = sorted(p.read_text().splitlines()[1] for p in cache.glob("src/*/*.py"))
+    assert published == ["    return 2", "    return 3", "    return 4"]
 
 
 THREADS = """\
