@@ -45,6 +45,8 @@ def activate(
     variables arrived after start) also patches targets that are already imported."""
     from . import bytecache, catalog, config, events, finder
 
+    global activated_with
+    activated_with = toggles_key(environ)
     toggles = config.read(environ)
     for problem in toggles.problems:
         events.warn_once(problem, problem)
@@ -78,6 +80,20 @@ def activate(
 
         apply_to_imported(installed)
     return installed
+
+
+# What the last activate() read (see toggles_key); vllm_plugin re-activates when it changed.
+activated_with: tuple[str | None, ...] | None = None
+
+
+def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, ...]:
+    """The values of the variables that choose the patches, as ``activate`` would read them:
+    a Ray worker's variables can change after start (vLLM sets them by RPC)."""
+    from . import config
+
+    env = os.environ if environ is None else environ
+    return tuple(config.get(env, v) for v in (config.ENABLE, config.DISABLE, config.OFF,
+                                               config.PATH))
 
 
 def api_entries() -> list:  # type: ignore[type-arg]

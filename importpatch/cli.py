@@ -40,6 +40,7 @@ diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
          "failed": int, "processes": int}}, "bad_lines": int}
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
+                 "ray_node": "ip:port" of a Ray worker's node, else null,
                  "events": [{"time", "outcome", "patch", "target", "how", "detail"}],
                  "children": [PROC]}
 doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
@@ -380,10 +381,12 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
                 try:
                     ev = json.loads(line)
                     key = (str(ev["host"]), int(ev["pid"]))
+                    argv = [str(a) for a in ev["argv"]]
                     fields = {
-                        "ppid": int(ev["ppid"]), "argv": [str(a) for a in ev["argv"]],
+                        "ppid": int(ev["ppid"]), "argv": argv,
                         "process": str(ev.get("process", "")),  # absent in older events
                     }
+                    fields["ray_node"] = ray_node(argv)
                     event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": float(ev["time"])}
                 except (ValueError, KeyError, TypeError):
                     bad += 1
@@ -396,6 +399,19 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
     for proc in procs.values():
         proc["events"].sort(key=lambda e: e["time"])
     return procs, bad
+
+
+def ray_node(argv: Sequence[str]) -> str | None:
+    """``ip:port`` of the Ray node (its raylet) when ``argv`` is a Ray worker's, else None.
+
+    Ray starts its workers as ``python .../ray/_private/workers/default_worker.py
+    --node-ip-address=IP --node-manager-port=PORT ...``; two Ray nodes on one host differ by port.
+    """
+    if len(argv) < 2 or not argv[1].replace(os.sep, "/").endswith("/workers/default_worker.py"):
+        return None
+    opts = dict(a[2:].split("=", 1) for a in argv[2:] if a.startswith("--") and "=" in a)
+    ip, port = opts.get("node-ip-address", "?"), opts.get("node-manager-port")
+    return f"{ip}:{port}" if port else ip
 
 
 def process_tree(procs: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -424,7 +440,11 @@ def process_tree(procs: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str,
 def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
     indent = "    " * depth
     name = f" {proc['process']}" if proc["process"] not in ("", "MainProcess") else ""
+    if proc.get("ray_node"):
+        name = f" Ray worker{name}"
     head = f"{indent}pid {proc['pid']}{name} on {proc['host']}"
+    if proc.get("ray_node"):
+        head += f" (Ray node {proc['ray_node']})"
     if not proc["parent_seen"]:
         head += f" (parent {proc['ppid']})"
     argv = " ".join([os.path.basename(proc["argv"][0]), *proc["argv"][1:]]) if proc["argv"] else ""

@@ -350,8 +350,13 @@ def _imported(importtime_stderr: str) -> list[str]:
     ]
 
 
-def test_nothing_enabled_imports_no_importpatch_module(wheel_venv: Venv, tmp_path: Path) -> None:
-    env = {"IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache")}
+@pytest.mark.parametrize("where", ["XDG_CACHE_HOME", "IMPORTPATCH_CACHE_DIR"])
+def test_nothing_enabled_imports_no_importpatch_module(
+    wheel_venv: Venv, tmp_path: Path, where: str
+) -> None:
+    # XDG_CACHE_HOME: the .pth's fast path (no IMPORTPATCH_ variable at all); with a variable
+    # set, its full check runs. Neither imports the package once the stamp exists.
+    env = {where: str(tmp_path / "cache")}
     first = wheel_venv.run("pass", env=env)  # writes the "no default-on patch here" stamp
     assert first.returncode == 0 and first.stderr == "", first.stderr
     proc = wheel_venv.run(["-X", "importtime", "-c", "pass"], env=env)
@@ -408,7 +413,7 @@ def test_default_on_patch_second_process_does_not_scan_entry_points(
         "[importpatch.patches]\nacme = acme_patches\n",
     )
     venv = venv_factory(str(built_wheel), str(patches_whl), name="default-on")
-    env = {"IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # no IMPORTPATCH_ variable at all
     code = "import acme_target, sys; print(acme_target.f(), 'importpatch._boot' in sys.modules)"
     first = venv.run(code, env=env)  # discovery: scans entry points, writes the index
     assert first.returncode == 0 and first.stdout.split() == ["patched", "True"], first.stderr

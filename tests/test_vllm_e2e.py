@@ -73,13 +73,10 @@ def read_events(folder: Path) -> list[dict]:
 
 def first_scheduled(trace: Path) -> list[str]:
     """Request ids in the order the scheduler first scheduled them (from the step trace)."""
-    order: list[str] = []
-    for line in trace.read_text().splitlines():
-        for req in json.loads(line)["req_ids"]:
-            key = req.split("-")[0]
-            if key not in order:
-                order.append(key)
-    return order
+    sys.path.insert(0, str(ROOT / "demo"))
+    from show import scheduled_order  # the demo reads the trace the same way
+
+    return scheduled_order(trace)
 
 
 @pytest.fixture(scope="session")
