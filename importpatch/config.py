@@ -129,6 +129,6 @@ def cache_root(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     explicit = get(env, CACHE_DIR)
     if explicit:
-        return explicit
+        return os.path.abspath(explicit)  # children may run in another folder
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "importpatch")

@@ -37,14 +37,11 @@ def record(
 ) -> dict[str, Any]:
     """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
     in-place, source-diff, transform, rebind, ..."""
-    import logging
-    import socket
-
     event: dict[str, Any] = {
         "time": time.time(),
         "pid": os.getpid(),
         "ppid": os.getppid(),
-        "host": socket.gethostname(),
+        "host": _host(),
         "argv": list(getattr(sys, "orig_argv", sys.argv))[:12],
         "process": _process_name(),
         "outcome": outcome,
@@ -54,12 +51,15 @@ def record(
         "detail": detail,
     }
     _events.append(event)
-    if level is None:
-        level = {"failed": logging.ERROR, "skipped": logging.INFO}.get(outcome, logging.DEBUG)
+    if level is None:  # logging's ERROR, INFO, DEBUG
+        level = {"failed": 40, "skipped": 20}.get(outcome, 10)
     line = f"{outcome} {patch} to {target} ({how}) (pid {event['pid']})"
     if detail:
         line += f": {detail}"
-    _logger().log(level, line)
+    # Only where logging is in use: importing it (and socket, for the host name) was most of
+    # the first patched import's cost in a bare process, and unconfigured logging shows nothing.
+    if "logging" in sys.modules:
+        _logger().log(level, line)
     to_stderr, folder = _settings()
     # A failure is always shown: PatchError is an ImportError, which callers may swallow.
     if to_stderr or outcome == "failed":
@@ -71,6 +71,15 @@ def record(
     if folder:
         _append(folder, event)
     return event
+
+
+def _host() -> str:
+    uname = getattr(os, "uname", None)
+    if uname is not None:
+        return str(uname().nodename)
+    import socket
+
+    return socket.gethostname()
 
 
 def _process_name() -> str:

