@@ -34,8 +34,8 @@ from conftest import ROOT, clean_env, free_port
 
 # Every Ray process of these tests: no token file in ~/.ray, no usage report, and every address on
 # 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: Ray otherwise resolves "this node" to the first
-# non-loopback interface). That setting also refuses a second `ray start --address`, so a cluster
-# here has one node; two machines differ by host in the events (see test_cli's status tests).
+# non-loopback interface). That setting also refuses a second `ray start --address`: the
+# two-node test adds its second node with ray.cluster_utils.Cluster (a second raylet) instead.
 RAY_ENV = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -198,6 +198,19 @@ def lab(tmp_path: Path) -> Iterator[RayLab]:
 
 
 # ------------------------------------------------------------------------------ Ray, no vLLM
+
+
+def test_ray_node_is_read_from_a_ray_workers_argv_only() -> None:
+    # No ray needed: the status command reads the node from the argv recorded in the events.
+    from importpatch.cli import ray_node
+
+    worker = ["/venv/bin/python3.11", "/venv/lib/python3.11/site-packages/ray/_private/workers/"
+              "default_worker.py", "--node-ip-address=10.0.0.7", "--node-manager-port=41234",
+              "--object-store-name=/tmp/ray/session_x/sockets/plasma_store"]
+    assert ray_node(worker) == "10.0.0.7:41234"
+    assert ray_node(worker[:3]) == "10.0.0.7"
+    assert ray_node(["python", "driver.py", "--node-ip-address=1.2.3.4"]) is None
+    assert ray_node(["python"]) is None and ray_node([]) is None
 
 
 @pytest.mark.ray
@@ -395,6 +408,59 @@ def test_ray_status_shows_ray_workers_events_beside_the_drivers(lab: RayLab) -> 
         assert procs[pid]["host"] == host
         assert procs[pid]["ray_node"].startswith("127.0.0.1:")
         assert sorted(e["target"] for e in procs[pid]["events"]) == ["rpk.m:K.meth", "rpk.m:f"]
+
+
+@pytest.mark.ray
+def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(lab: RayLab) -> None:
+    # Two Ray nodes on this machine (ray.cluster_utils.Cluster: a second raylet joining the
+    # head's GCS, on loopback). Only the second node was started with the toggles in its
+    # environment, as a node image would be: its workers run patched code, the head's do not
+    # unless a task's runtime_env brings them; `importpatch status` tells the two nodes apart.
+    out = lab.driver(f'''
+        from ray.cluster_utils import Cluster
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cluster = Cluster(initialize_head=True, head_node_args={{
+            "num_cpus": 1, "include_dashboard": False, "temp_dir": {str(lab.ray_tmp)!r}}})
+        try:
+            node_env = {lab.toggles()!r}
+            os.environ.update(node_env)  # the second node's raylet starts with these
+            second = cluster.add_node(num_cpus=1)
+            for name in node_env:
+                del os.environ[name]
+            ray.init(address=cluster.address, runtime_env={{"env_vars": {{
+                "PYTHONPATH": {str(lab.targets)!r}}}}})
+
+            @ray.remote
+            def task():
+                return {{"node": ray.get_runtime_context().get_node_id(), **probe()}}
+
+            def on(node_id, **opts):
+                strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+                return ray.get(task.options(scheduling_strategy=strategy, **opts).remote())
+
+            head = cluster.head_node.node_id
+            in_runtime_env = {{"env_vars": {{**node_env, "PYTHONPATH": {str(lab.targets)!r}}}}}
+            result({{"head": on(head), "head_rt": on(head, runtime_env=in_runtime_env),
+                     "second": on(second.node_id), "second_id": second.node_id, "head_id": head}})
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+        ''')
+    head, head_rt, second = out["head"], out["head_rt"], out["second"]
+    assert (head["node"], head_rt["node"]) == (out["head_id"], out["head_id"])
+    assert second["node"] == out["second_id"]
+    assert (head["f"], head["finders"]) == ("orig", [])  # the head node has no toggles
+    for got in (head_rt, second):  # toggles from runtime_env / from the second node
+        assert (got["f"], got["copy"], got["meth"]) == ("patched", "patched", "wrapped-meth")
+    status = subprocess.run(
+        [sys.executable, "-m", "importpatch", "status", "--json", "--events-dir", str(lab.events)],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )
+    procs = {p["pid"]: p for p in json.loads(status.stdout)["processes"]}
+    assert set(procs) == {head_rt["pid"], second["pid"]}  # the unpatched worker wrote nothing
+    nodes = {procs[head_rt["pid"]]["ray_node"], procs[second["pid"]]["ray_node"]}
+    assert len(nodes) == 2 and all(n.startswith("127.0.0.1:") for n in nodes), nodes
 
 
 # ------------------------------------------------------------------------------------- vLLM
