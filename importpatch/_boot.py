@@ -15,6 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .catalog import Entry
     from .finder import PatchFinder
 
 
@@ -96,7 +97,8 @@ def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, .
                                                config.PATH))
 
 
-def api_entries() -> list:  # type: ignore[type-arg]
+def api_entries() -> list[Entry]:
+    """Patches made with ``Patch(...)`` in this process (not from a patch file)."""
     from .catalog import Entry
     from .declare import iter_registry
 

@@ -129,7 +129,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     declared_in: dict[str, list[str]] = {}
     for e in entries:
         declared_in.setdefault(e.name, []).append(e.source)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in entries:
         on, why = toggles.decide(e.name, bool(e.default))
         req_ok, req = versions.check(e.requires or (), installed.version)
