@@ -420,6 +420,10 @@ def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(lab: RayLa
         from ray.cluster_utils import Cluster
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        # Cluster writes the head's address under Ray's *default* temp folder whatever
+        # temp_dir says; on a fresh machine /tmp/ray does not exist: point it at ours.
+        os.environ["RAY_TMPDIR"] = {str(lab.ray_tmp)!r}
+        os.makedirs(os.path.join({str(lab.ray_tmp)!r}, "ray"), exist_ok=True)
         cluster = Cluster(initialize_head=True, head_node_args={{
             "num_cpus": 1, "include_dashboard": False, "temp_dir": {str(lab.ray_tmp)!r}}})
         try:
