@@ -113,12 +113,13 @@ def splice(text: str, new_tree: ast.Module) -> str:
 
 
 def compile_module(
-    module: str, file: str, text: str, qualnames: list[str], code_filename: str
-) -> tuple[CodeType, set[str]]:
-    """Parse the (patched) text, add definition-site landings, compile. Returns the code and the
-    targets with no binding visible in the source."""
-    if not qualnames:  # compiling text directly is about twice as fast as parse + compile(tree)
-        return compile(text, code_filename, "exec", dont_inherit=True), set()
+    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
+) -> tuple[CodeType, dict[str, landing.Fact]]:
+    """Parse the (patched) text, read what it proves of ``fact_quals`` (before the tree changes),
+    add definition-site landings for ``qualnames`` and the begin/done hooks, compile."""
     tree = ast.parse(text, filename=code_filename)
+    facts = landing.facts_of(tree, fact_quals)
     unseen = landing.rewrite(tree, module, qualnames)
-    return compile(tree, code_filename, "exec", dont_inherit=True), unseen
+    for qual in unseen & facts.keys():
+        facts[qual].seen = False
+    return compile(tree, code_filename, "exec", dont_inherit=True), facts
