@@ -327,9 +327,10 @@ class ModulePlan:
         fact = facts.get(op.qualname)
         if op.kind == ADD and fact is not None and fact.state == BOUND:
             where = f" (line {fact.line})" if fact.line else ""
+            owner_qual, _, attr = op.qualname.rpartition(".")
+            what = f"{attr!r} already exists" if owner_qual else "the module defines that name itself"
             return PatchError(
-                op.patch.name, self.module,
-                f"add {op.qualname}: the module defines that name itself{where} (use replace)",
+                op.patch.name, self.module, f"add {op.qualname}: {what}{where} (use replace)",
                 file=self.file,
             )
         return None
