@@ -188,8 +188,15 @@ def _rewrite_block(
                 if qual is None:
                     continue
                 found.add(qual)
-                stage = "follow" if bindings.is_derived(stmt, name) else "assign"
-                inserted.append(_land_statement(module, qual, name, stage, stmt))
+                if bindings.is_derived(stmt, name):
+                    # 'check' sees the value it derives from; 'carry' keeps the result.
+                    check = ast.Expr(ast.Call(_land_call(module, qual, "check", stmt),
+                                              [ast.Constant(None)], []))
+                    body.insert(i, ast.fix_missing_locations(ast.copy_location(check, stmt)))
+                    i += 1
+                    inserted.append(_land_statement(module, qual, name, "carry", stmt))
+                else:
+                    inserted.append(_land_statement(module, qual, name, "assign", stmt))
             # Same scope, nested blocks: if/else, try/except/finally, with, for/while, match.
             for block in bindings.blocks(stmt):
                 _rewrite_block(block.body, module, trie, found)
@@ -376,12 +383,21 @@ class ModulePlan:
 
     def land(self, qual: str, stage: str) -> Callable[[Any], Any]:
         def apply(obj: Any) -> Any:
+            if stage in ("check", "follow") and qual in self.landed:
+                # A derived re-binding is about to run (the decorators of a ``def`` run before
+                # the name is re-bound): it derives from the patched object only if nothing
+                # re-bound the name unseen in between (a walrus, ``global`` in a function, ...).
+                current = sys._getframe(1).f_locals.get(qual.rpartition(".")[2], _MISSING)
+                if current is not self.final.get(qual, _MISSING):
+                    self.landed.discard(qual)
+            if stage == "check":
+                return obj
             stages = self.sites.get(qual, {})
-            if stage == "follow" and qual in self.landed:
+            if stage in ("follow", "carry") and qual in self.landed:
                 result = obj  # derived from the patched object: carried, not patched again
             elif stage == "inner":
                 result = self._apply(qual, self._live(stages.get("inner", [])), obj)
-            else:  # outer, assign, or follow of a name not landed yet
+            else:  # outer, assign, or follow / carry of a name not landed yet
                 ops = stages.get("outer", [])
                 if stage != "outer":
                     ops = stages.get("inner", []) + ops
@@ -745,6 +761,7 @@ def rebuild(layers: list[tuple[str, Any]] | None, func: Any, owner: Any, attr: s
 # -- The hooks the rewritten code calls -----------------------------------------------------------
 
 _plans: dict[str, ModulePlan] = {}
+_MISSING: Any = object()
 
 
 def register(plan: ModulePlan) -> None:
