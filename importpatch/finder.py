@@ -10,6 +10,13 @@ Invariants:
   written there would poison later unpatched runs). Its own bytecode cache lives elsewhere.
 - Any failure of an enabled patch raises ``PatchError`` out of ``exec_module``; importlib then
   removes the module from ``sys.modules``, so no half-patched module remains.
+- ``exec_module`` runs what ``get_code`` returns, and that code calls ``landing.begin``/``done``
+  itself: a hook that wraps our ``get_code`` sees the patched code, ``python -m`` (runpy executes
+  ``get_code()``) gets the same checks and events, and code that ran without them fails closed.
+- Other hooks on ``sys.meta_path`` compose: when one looks the module up again through
+  ``importlib.util.find_spec`` while we ask it (wrapt, ddtrace), our loader is made once, innermost,
+  under theirs; when a loader of another hook sits under ours, its ``exec_module`` runs (its
+  callbacks fire) with the file loader handing out our code.
 - importlib's per-module lock serialises concurrent imports of one module, so a module is
   patched exactly once however many threads import it.
 """
@@ -348,8 +355,7 @@ class PatchLoader:
                     f"patched source does not compile: {exc.msg} (line {exc.lineno})", file=origin,
                 ) from None
             if use_cache:
-                packed = {fact.pack(q) for q, fact in facts.items()}
-                bytecache.store(cache_root, key, code, packed, patched, text)
+                bytecache.store(cache_root, key, code, landing.Fact.pack(facts), patched, text)
         plan.unseen = {q for q, fact in facts.items() if not fact.seen}
         plan.prepare(facts)  # may fail the import before anything ran
         build = Build(code, plan, patched, code_ops)

@@ -223,14 +223,24 @@ class Fact:
     def __init__(self, state: str, seen: bool, why: str = "", line: int = 0) -> None:
         self.state, self.seen, self.why, self.line = state, seen, why, line
 
-    def pack(self, qual: str) -> str:
-        return "\t".join((qual, self.state, "1" if self.seen else "0", str(self.line), self.why))
+    # Marks entries of this format: code made before begin/done existed must never be reused.
+    FORMAT = "\tfacts-1"
+
+    @classmethod
+    def pack(cls, facts: dict[str, Fact]) -> set[str]:
+        packed = {cls.FORMAT}
+        for qual, f in facts.items():
+            packed.add("\t".join((qual, f.state, "1" if f.seen else "0", str(f.line), f.why)))
+        return packed
 
     @classmethod
     def unpack(cls, packed: Iterable[str]) -> dict[str, Fact] | None:
         """The facts, or None when ``packed`` is not in this format (an older cache entry)."""
+        items = set(packed)
+        if cls.FORMAT not in items:
+            return None
         out: dict[str, Fact] = {}
-        for item in packed:
+        for item in items - {cls.FORMAT}:
             parts = item.split("\t", 4)
             if len(parts) != 5 or not parts[3].isdigit():
                 return None
@@ -335,7 +345,8 @@ class ModulePlan:
         if op.kind == ADD and fact is not None and fact.state == BOUND:
             where = f" (line {fact.line})" if fact.line else ""
             owner_qual, _, attr = op.qualname.rpartition(".")
-            what = f"{attr!r} already exists" if owner_qual else "the module defines that name itself"
+            what = (f"{attr!r} already exists" if owner_qual
+                    else "the module defines that name itself")
             return PatchError(
                 op.patch.name, self.module, f"add {op.qualname}: {what}{where} (use replace)",
                 file=self.file,

@@ -209,6 +209,10 @@ def _holds(module: Any, original: Any) -> bool:
     return False
 
 
+# What the last rebind_copies looked at (bench/late_rebind.py reports it).
+last_stats: dict[str, int] = {}
+
+
 def rebind_copies(
     target: str, qual: str, original: Any, new: Any
 ) -> list[tuple[str, str]]:
@@ -227,6 +231,7 @@ def rebind_copies(
                 candidates[name] = module
         except Exception:  # a module whose namespace misbehaves is no copy we can prove
             continue
+    parsed = 0
     copies: dict[tuple[str, str], str] = {(target, qual): "the target"}
     names = {qual.rpartition(".")[2]}
     analysed: dict[str, tuple[list[tuple[str, str, str, int]], list[tuple[str, int]]]] = {}
@@ -238,6 +243,7 @@ def rebind_copies(
             text = source_text(module)
             if text is None or not (any(n in text for n in names) or "import *" in text):
                 continue
+            parsed += 1
             tree = source_tree(module)
             if tree is None:
                 continue
@@ -262,6 +268,7 @@ def rebind_copies(
                         grown = True
         if not grown and not fresh:
             break
+    last_stats.update(modules=len(sys.modules), candidates=len(candidates), parsed=parsed)
     out = []
     for (name, local), how in sorted(copies.items()):
         if (name, local) == (target, qual):

@@ -222,6 +222,9 @@ WARN_TARGET = {"lpkg/__init__.py": "", "lpkg/a.py": '''
     '''}
 
 
+WARN_IMPORTS = "import lpkg.a as a, importpatch.events"
+
+
 def warn_patch(second: str) -> dict[str, str]:
     return {"half.py": f'''
         from importpatch import Patch
@@ -242,7 +245,7 @@ def warn_patch(second: str) -> dict[str, str]:
 ])
 def test_warn_patch_that_cannot_apply_entirely_applies_nothing(lab: Lab, second: str) -> None:
     lab.target(WARN_TARGET).patch(warn_patch(second))
-    out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS, imports="import lpkg.a as a, importpatch.events")
+    out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS, imports=WARN_IMPORTS)
     f, registered, events = out
     assert f == registered == "orig"  # nothing of the patch was observable, anywhere
     assert [e[0] for e in events] == ["failed"] and events[0][3] == "skipped (on_error=warn)"
@@ -258,7 +261,7 @@ def test_warn_patch_that_cannot_apply_entirely_applies_nothing(lab: Lab, second:
 
 def test_warn_patch_the_source_proves_lands_at_the_definition_site(lab: Lab) -> None:
     lab.target(WARN_TARGET).patch(warn_patch('p.replace("lpkg.a:K", K2 := type("K", (), {}))'))
-    out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS, imports="import lpkg.a as a, importpatch.events")
+    out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS, imports=WARN_IMPORTS)
     assert out[:2] == ["patched", "patched"]
     assert [(e[0], e[3]) for e in out[2]] == [("applied", "definition-site")] * 2
 
@@ -281,8 +284,8 @@ def test_fail_patch_on_a_symbol_absent_from_the_source_fails_before_the_module_r
             ''',
     }).patch({**replace_f(), **replace_f("lpkg.a:nope", "rep-nope")})
     out = values(lab, "[h() for h in table.HANDLERS]", "ok",
-                 imports="import lpkg.table as table\n"
-                         "try:\n    import lpkg.a\n    ok = True\nexcept ImportError:\n    ok = False")
+                 imports="import lpkg.table as table\ntry:\n    import lpkg.a\n    ok = True\n"
+                         "except ImportError:\n    ok = False")
     assert out == [[], False]
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import json
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
