@@ -231,8 +231,23 @@ def scope_bindings(body: list[ast.stmt], name: str) -> list[Binding]:
     return list(_walk(body, name, conditional=False))
 
 
-def _walk(body: list[ast.stmt], name: str, *, conditional: bool) -> Iterator[Binding]:
+def touched(body: list[ast.stmt], name: str) -> tuple[str, Binding | None]:
+    """Whether the scope's code binds or deletes ``name`` at all (even if it ends unbound, as after
+    ``except E as name``): BOUND on every path, MAYBE on some, UNBOUND on none. An ``add`` of the
+    name is overwritten or deleted by any of them."""
+    found = list(_walk(body, name, conditional=False, deletions=True))
+    if not found:
+        return UNBOUND, None
+    sure = [b for b in found if not b.conditional]
+    return (BOUND, sure[0]) if sure else (MAYBE, found[0])
+
+
+def _walk(
+    body: list[ast.stmt], name: str, *, conditional: bool, deletions: bool = False
+) -> Iterator[Binding]:
     for stmt in body:
+        if deletions and name in deleted(stmt):
+            yield Binding(name, "del", stmt, conditional=conditional, derived=False)
         for bound, kind in direct(stmt):
             if bound == name:
                 yield Binding(name, kind, stmt, conditional=conditional,
@@ -246,7 +261,7 @@ def _walk(body: list[ast.stmt], name: str, *, conditional: bool) -> Iterator[Bin
             for bound, kind in block.entry:
                 if bound == name and block.body:
                     yield Binding(name, kind, block.body[0], conditional=True, derived=False)
-            yield from _walk(block.body, name, conditional=cond)
+            yield from _walk(block.body, name, conditional=cond, deletions=deletions)
 
 
 def _join(a: str, b: str) -> str:
@@ -383,14 +398,20 @@ class Verdict:
         return f"<Verdict {self.qualname} {self.state} {self.why}>"
 
 
-def verdict(tree: ast.Module, qualname: str) -> Verdict:
-    """The verdict for ``qualname`` (``name`` or ``Class.attr`` paths) in a module's tree."""
+def verdict(tree: ast.Module, qualname: str, *, add: bool = False) -> Verdict:
+    """The verdict for ``qualname`` (``name`` or ``Class.attr`` paths) in a module's tree.
+    ``add``: for the last part, whether the code binds or deletes the name at all (``touched``):
+    an added name must survive the module's execution."""
     parts = qualname.split(".")
     body: list[ast.stmt] = tree.body
     owner: ast.ClassDef | None = None
     for depth, part in enumerate(parts):
         found = scope_bindings(body, part)
         state = final_state(body, part)
+        if add and depth == len(parts) - 1:
+            state, first_touch = touched(body, part)
+            if first_touch is not None and not found:
+                found = [first_touch]
         if owner is None:
             hidden = hidden_binders(tree, part)
         else:
@@ -420,7 +441,7 @@ def verdict(tree: ast.Module, qualname: str) -> Verdict:
             )
             return Verdict(qualname, UNKNOWN, b, why)
         if len(classes) > 1:
-            sub = [verdict_in_class(tree, c.node, parts[depth + 1:]) for c in classes]
+            sub = [verdict_in_class(tree, c.node, parts[depth + 1:], add=add) for c in classes]
             states = {v.state for v in sub}
             if len(states) == 1:
                 return sub[0]
@@ -432,10 +453,12 @@ def verdict(tree: ast.Module, qualname: str) -> Verdict:
     raise AssertionError("unreachable")
 
 
-def verdict_in_class(tree: ast.Module, cls: ast.stmt, rest: list[str]) -> Verdict:
+def verdict_in_class(
+    tree: ast.Module, cls: ast.stmt, rest: list[str], *, add: bool = False
+) -> Verdict:
     assert isinstance(cls, ast.ClassDef)
     wrapper = ast.Module(body=[cls], type_ignores=[])
-    v = verdict(wrapper, ".".join([cls.name, *rest]))
+    v = verdict(wrapper, ".".join([cls.name, *rest]), add=add)
     # hidden binders of the module (C.attr = ... elsewhere) are looked up against the whole tree
     if v.state == ABSENT and len(rest) == 1:
         hidden = _class_hidden_binders(tree, cls, rest[0])

@@ -598,7 +598,7 @@ class _Checker:
         if tree is None:
             result.status, result.detail = FAIL, "the module's source does not parse"
             return
-        v = bindings.verdict(tree, op.qualname)
+        v = bindings.verdict(tree, op.qualname, add=op.kind == ADD)
         b = v.binding
         found = v.state in (bindings.BOUND, bindings.MAYBE)
         result.symbol = SymbolResult(op.qualname, found, b.kind if b else None,

@@ -249,14 +249,16 @@ class Fact:
 
 
 def facts_of(tree: ast.Module, qualnames: Iterable[str]) -> dict[str, Fact]:
-    """What the (not yet rewritten) tree proves of each qualname."""
+    """What the (not yet rewritten) tree proves of each qualname (``+qual``: of an ``add``
+    target, which fails if the module binds or deletes the name at all)."""
     from . import bindings
 
     out = {}
-    for qual in qualnames:
-        v = bindings.verdict(tree, qual)
+    for key in qualnames:
+        qual = key.removeprefix("+")
+        v = bindings.verdict(tree, qual, add=key.startswith("+"))
         line = v.binding.line if v.binding is not None else 0
-        out[qual] = Fact(v.state, True, v.why, line)
+        out[key] = Fact(v.state, True, v.why, line)
     return out
 
 
@@ -265,7 +267,7 @@ def fact_quals(ops: Iterable[Op]) -> set[str]:
     quals: set[str] = set()
     for op in ops:
         assert op.qualname is not None
-        quals.add(op.qualname)
+        quals.add(f"+{op.qualname}" if op.kind == ADD else op.qualname)
         owner = site_of(op)[0]
         if owner:
             quals.add(owner)
@@ -341,7 +343,7 @@ class ModulePlan:
                     f"symbol {qual!r} not found (target {self.module}:{op.qualname}){why}",
                     file=self.file,
                 )
-        fact = facts.get(op.qualname)
+        fact = facts.get(f"+{op.qualname}")
         if op.kind == ADD and fact is not None and fact.state == BOUND:
             where = f" (line {fact.line})" if fact.line else ""
             owner_qual, _, attr = op.qualname.rpartition(".")
@@ -360,7 +362,7 @@ class ModulePlan:
         assert op.qualname is not None
         owner = site_of(op)[0]
         checks = [(owner, BOUND)] if op.kind == ADD and owner else []
-        checks.append((op.qualname, ABSENT if op.kind == ADD else BOUND))
+        checks.append((f"+{op.qualname}", ABSENT) if op.kind == ADD else (op.qualname, BOUND))
         for qual, wanted in checks:
             fact = facts.get(qual)
             if fact is None or fact.state != wanted:

@@ -56,7 +56,7 @@ def simple(draw: Any, n: str) -> str:
     k = draw(st.integers(0, 2))
     return draw(st.sampled_from([
         f"{n} = {k}",
-        f"try:\n    {n} += 1\nexcept NameError:\n    pass",
+        f"try:\n    {n} += 1\nexcept (NameError, TypeError):\n    pass",
         f'D["{n}"] = 1',
         f"O.{n} = 1",
         f"for {n} in range({k}):\n    pass",
