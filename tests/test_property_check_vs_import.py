@@ -7,8 +7,9 @@ imports, ``del`` and assignment expressions.
 For each generated module and target (``replace``, or ``add``), the ground truth comes from a real
 child interpreter of the wheel venv: the module's code run *unpatched* (does it bind the name?),
 and the real import with the patch enabled (patched, or ``PatchError``). Then:
-- check ``ok``   => the unpatched run binds it (``add``: does not), the import applies the patch;
-- check ``fail`` => the unpatched run does not bind it (``add``: does), the import fails;
+- check ``ok``   => the unpatched run binds it (``add``: leaves a value bound before it ran
+  alone), the import applies the patch;
+- check ``fail`` => the unpatched run does not bind it (``add``: touches it), the import fails;
 - check ``warn`` => the import applies the patch exactly when the unpatched run allows it, and
   fails otherwise; never does a module import unpatched.
 Many modules are batched into one child per example, so few interpreters start.
@@ -113,12 +114,18 @@ out = []
 for i, (qual, kind) in enumerate(CASES):
     name = f"{PKG}.mod{i}"
     ns = {"__name__": name + "_plain"}
+    owner, _, attr = qual.rpartition(".")
+    added = object()
+    if kind == "add" and not owner:  # an add is bound before the module runs and must survive
+        ns[attr] = added
     with open(importlib.util.find_spec(name).origin) as f:
         exec(compile(f.read(), "<plain>", "exec"), ns)
-    owner, _, attr = qual.rpartition(".")
     owner_ok = not owner or isinstance(ns.get(owner), type)
     store = (vars(ns[owner]) if owner else ns) if owner_ok else {}
-    bound = [owner_ok, attr in store]
+    if kind == "add" and not owner:
+        bound = [True, store.get(attr, None) is not added]
+    else:
+        bound = [owner_ok, attr in store]
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
