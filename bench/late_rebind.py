@@ -36,6 +36,7 @@ def main() -> None:
                 if not warm:
                     late._texts.clear()
                     late._trees.clear()
+                    late._raw_texts.clear()
                 marker = object()
                 start = time.perf_counter()
                 sites = late.rebind_copies(module, name, original, marker)
