@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -197,7 +199,7 @@ def test_late_rebinds_only_copies_the_source_proves_and_reports_each(tmp_path: P
             [[e["target"], e["detail"]] for e in importpatch.events.events()
              if e["how"] == "rebind"],
         ]))
-        ''', enable=None, env=NO_VARS)
+        ''', enable=None, env={**NO_VARS, "IMPORTPATCH_EVENTS_DIR": str(tmp_path / "ev")})
     *calls, debug, re_debug, u_debug, enabled, untouched, builtins_false, rebinds = out
     # the replacement calls the original it saved: no recursion
     assert calls == ["patched(orig)"] * 5
@@ -211,6 +213,11 @@ def test_late_rebinds_only_copies_the_source_proves_and_reports_each(tmp_path: P
     summaries = {t: d for t, d in rebinds if d.startswith("re-bound")}
     assert summaries["cpk.m:DEBUG"] == (
         "re-bound 2 copies in other modules: cpk.reexport:DEBUG, cpk.user:DEBUG")
+    # importpatch status counts them (each is an event naming module:name)
+    proc = subprocess.run([str(wheel_venv.script("importpatch")), "status", "--json",
+                           "--events-dir", str(tmp_path / "ev")], capture_output=True, text=True,
+                          check=True)
+    assert json.loads(proc.stdout)["patches"]["cp"]["rebound"] == 6
 
 
 # -- decorated= keeps its meaning late (item 2) --------------------------------------------------
