@@ -53,8 +53,55 @@ def split_lines(text: str) -> list[str]:
     return lines
 
 
-def _matcher(isjunk: Any, a: Sequence[str], b: Sequence[str]) -> difflib.SequenceMatcher[str]:
-    return difflib.SequenceMatcher(isjunk, a, b, autojunk=False)
+class Matcher:
+    """The line alignment merge3 runs on: difflib's, then each run of only inserted or only
+    deleted lines slid down as far as equal lines let it (before the next change).
+
+    An insertion between repeated lines (blank lines, a closing bracket) can be placed at
+    several equal places; git's xdiff puts it at the lowest. Two diffs against one base that
+    insert the same block must put it at the same place, or the merge sees two insertions and
+    makes the change twice.
+    """
+
+    def __init__(self, isjunk: Any, a: Sequence[str], b: Sequence[str]) -> None:
+        self.a, self.b = a, b
+
+    def get_matching_blocks(self) -> list[tuple[int, int, int]]:
+        a, b = self.a, self.b
+        # The common head and tail first: difflib's cost grows with the lines it compares, and
+        # a patched file and its base differ in a few places only.
+        head = 0
+        limit = min(len(a), len(b))
+        while head < limit and a[head] == b[head]:
+            head += 1
+        tail = 0
+        while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+            tail += 1
+        inner = difflib.SequenceMatcher(
+            None, a[head:len(a) - tail], b[head:len(b) - tail], autojunk=False
+        ).get_opcodes()
+        ops = [("equal", 0, head, 0, head)] if head else []
+        ops += [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in inner]
+        if tail:
+            ops.append(("equal", len(a) - tail, len(a), len(b) - tail, len(b)))
+        blocks: list[tuple[int, int, int]] = []
+        carry = 0  # lines the previous run slid past, taken from the front of this equal run
+        for k, (tag, i1, i2, j1, j2) in enumerate(ops):
+            if tag == "equal":
+                if i2 - i1 > carry:
+                    blocks.append((i1 + carry, j1 + carry, i2 - i1 - carry))
+                carry = 0
+                continue
+            nxt = ops[k + 1] if k + 1 < len(ops) else None
+            if tag in ("insert", "delete") and nxt is not None and nxt[0] == "equal":
+                seq, start, end = (b, j1, j2) if tag == "insert" else (a, i1, i2)
+                room = nxt[2] - nxt[1]
+                while carry < room and seq[start + carry] == seq[end + carry]:
+                    carry += 1
+                if carry:  # the lines it slid past now match before it
+                    blocks.append((i1, j1, carry))
+        blocks.append((len(a), len(b), 0))
+        return blocks
 
 
 def _first_difference(a: Sequence[str], b: Sequence[str]) -> int:
@@ -124,13 +171,42 @@ def merge_file(
         ours = diffs.apply(base, fp)
     except diffs.HunkMismatch as exc:
         raise NotApplicable(str(exc)) from None
-    try:
-        direct = diffs.apply(theirs, fp, max_offset=len(theirs.split("\n")))
-    except diffs.HunkMismatch:
-        direct = None
+    whole = len(theirs.split("\n"))
+    direct = None
+    # A hunk whose new side is already in theirs is never applied as it is: its context may fit
+    # elsewhere and the change would be made twice. The 3-way merge sees it as made on both
+    # sides ("already upstream").
+    if not any(_present(theirs, fp, h, whole) for h in fp.hunks):
+        try:
+            direct = diffs.apply(theirs, fp, max_offset=whole)
+        except diffs.HunkMismatch:
+            direct = None
     if direct is not None:
         return FileMerge(APPLIED, direct, _placed(base, theirs, fp), [])
     return _three_way(base, ours, theirs, fp, labels)
+
+
+def reversed_hunk(h: diffs.Hunk) -> diffs.Hunk:
+    """The hunk that undoes ``h``. (The diff engine's ``Hunk.reversed`` does the same on the
+    issue-13 branch; use that one once both are merged.)"""
+    swap = {"+": "-", "-": "+", " ": " "}
+    return dataclasses.replace(
+        h, old_start=h.new_start, old_len=h.new_len, new_start=h.old_start, new_len=h.old_len,
+        lines=tuple((swap[tag], text) for tag, text in h.lines),
+        old_eof_no_newline=h.new_eof_no_newline, new_eof_no_newline=h.old_eof_no_newline,
+    )
+
+
+def _present(theirs: str, fp: diffs.FilePatch, h: diffs.Hunk, reach: int) -> bool:
+    """Whether hunk ``h``'s new side (with its context) is in ``theirs``: the change is made."""
+    back = reversed_hunk(h)
+    if not back.old_lines or not any(tag == "-" for tag, _ in back.lines):
+        return False  # a pure deletion's new side is context only: it proves nothing
+    try:
+        diffs.apply(theirs, dataclasses.replace(fp, hunks=(back,)), max_offset=reach)
+    except diffs.HunkMismatch:
+        return False
+    return True
 
 
 def _placed(base: str, theirs: str, fp: diffs.FilePatch) -> list[HunkFate]:
@@ -161,19 +237,19 @@ class _Span:
 def _spans(base_lines: list[str], ours_lines: list[str], fp: diffs.FilePatch) -> list[_Span]:
     spans = []
     shift = 0  # ours minus base line numbers, from earlier hunks
+    keys = [line.rstrip("\n").removesuffix("\r") for line in ours_lines]
     for i, h in enumerate(fp.hunks, 1):
         new = [text for tag, text in h.lines if tag != "-"]
         stated = (h.new_start - 1 if h.new_len else h.new_start)
-        start = _locate(ours_lines, new, stated)
+        start = _locate(keys, new, stated)
         spans.append(_Span(i, h, start, start + len(new), start - shift,
                            start - shift + h.old_len))
         shift += h.new_len - h.old_len
     return spans
 
 
-def _locate(lines: list[str], want: list[str], stated: int) -> int:
-    """Where ``want`` sits in ``lines`` (text without line endings compared), nearest ``stated``."""
-    keys = [line.rstrip("\n").removesuffix("\r") for line in lines]
+def _locate(keys: list[str], want: list[str], stated: int) -> int:
+    """Where ``want`` sits in ``keys`` (lines without their endings), nearest ``stated``."""
     n = len(want)
     for d in range(len(keys) + 1):
         for p in (stated - d, stated + d) if d else (stated,):
@@ -190,7 +266,7 @@ def _three_way(
     base_lines, ours_lines, their_lines = split_lines(base), split_lines(ours), split_lines(theirs)
     spans = _spans(base_lines, ours_lines, fp)
     m = merge3.Merge3(base_lines, ours_lines, their_lines,
-                      sequence_matcher=_matcher)  # type: ignore[arg-type]
+                      sequence_matcher=Matcher)  # type: ignore[arg-type]
     out: list[str] = []
     conflicts: list[Conflict] = []
     # Per hunk: the kinds of its regions, and where its first own region landed.
@@ -199,7 +275,9 @@ def _three_way(
     upstream_near: dict[int, list[int]] = {s.index: [] for s in spans}
     # Positions in base, ours and theirs at the end of the last sync region (lines all three
     # share); 'moved' is theirs minus base there, which is exact for the change that follows.
-    syncs = iter(s for s in m.find_sync_regions() if s[1] > s[0])
+    found = m.find_sync_regions()
+    m.find_sync_regions = lambda: found  # type: ignore[method-assign]  # computed once
+    syncs = iter(s for s in found if s[1] > s[0])
     iz = ia = ib = 0
     for region in m.merge_regions():
         what = region[0]
