@@ -1,18 +1,15 @@
 """Carry a source-diff patch to another release: ``importpatch rebase NAME --to WHEEL|SDIST|DIR``.
 
 Per file of the diff, with *base* the file of the release the diff was made against (its
-``Base:`` header, or ``--base``), *ours* = base + the diff, *theirs* = the target release's file:
-
-1. The diff is applied to theirs as it is (importpatch's own applier, searching the whole file):
-   when every hunk's context is there, that is the result. This is what ``git apply --3way``
-   does first, and it keeps a hunk whose code moved far away in the file (a 3-way merge would
-   see the move as a deletion and conflict).
-2. Otherwise a 3-way merge of (base, ours, theirs) with ``merge3`` (Breezy's implementation of
-   the classic merge3 algorithm, on PyPI): regions only we changed take ours, regions only
-   upstream changed take theirs, regions both changed alike are *already upstream* (never
-   duplicated), regions both changed differently are conflicts. Lines are aligned by
-   ``difflib.SequenceMatcher`` without its "popular line" heuristic (``autojunk``), which in
-   files over 200 lines ignores blank lines and lone brackets and then aligns code wrongly.
+``Base:`` header, or ``--base``), *ours* = base + the diff, *theirs* = the target release's file,
+a 3-way merge of (base, ours, theirs) with ``merge3`` (Breezy's implementation of the classic
+merge3 algorithm, on PyPI): regions only we changed take ours, regions only upstream changed take
+theirs, regions both changed alike are *already upstream* (never duplicated), regions both
+changed differently, or changes that touch, are conflicts. This is what ``git apply --3way``
+does (git 2.32+: the 3-way merge first, a plain apply only when the base is unknown), so a clean
+result here is one git would give too; ``scripts/rebase_corpus.py`` measures that on vLLM's
+history. Lines are aligned by ``Matcher`` (difflib without its "popular line" heuristic,
+insertions slid down as git's xdiff slides them).
 
 A clean rebase writes the rebased diff (``Base:`` the target release; the rest of the header
 kept, ``Requires`` decided by ``requires_after``). A conflict writes the merged files, with
@@ -104,15 +101,6 @@ class Matcher:
         return blocks
 
 
-def _first_difference(a: Sequence[str], b: Sequence[str]) -> int:
-    """Index of the first line where ``a`` and ``b`` differ (their common prefix length)."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 # -- One file ----------------------------------------------------------------------------------
 
 
@@ -142,7 +130,7 @@ class Conflict:
 
 @dataclasses.dataclass
 class FileMerge:
-    how: str  # applied (the diff fits as it is) | merged (3-way, clean) | conflict
+    how: str  # merged (clean) | conflict
     text: str  # the rebased file (with conflict markers when how == conflict)
     hunks: list[HunkFate]
     conflicts: list[Conflict]
@@ -171,55 +159,7 @@ def merge_file(
         ours = diffs.apply(base, fp)
     except diffs.HunkMismatch as exc:
         raise NotApplicable(str(exc)) from None
-    whole = len(theirs.split("\n"))
-    direct = None
-    # A hunk whose new side is already in theirs is never applied as it is: its context may fit
-    # elsewhere and the change would be made twice. The 3-way merge sees it as made on both
-    # sides ("already upstream").
-    if not any(_present(theirs, fp, h, whole) for h in fp.hunks):
-        try:
-            direct = diffs.apply(theirs, fp, max_offset=whole)
-        except diffs.HunkMismatch:
-            direct = None
-    if direct is not None:
-        return FileMerge(APPLIED, direct, _placed(base, theirs, fp), [])
     return _three_way(base, ours, theirs, fp, labels)
-
-
-def reversed_hunk(h: diffs.Hunk) -> diffs.Hunk:
-    """The hunk that undoes ``h``. (The diff engine's ``Hunk.reversed`` does the same on the
-    issue-13 branch; use that one once both are merged.)"""
-    swap = {"+": "-", "-": "+", " ": " "}
-    return dataclasses.replace(
-        h, old_start=h.new_start, old_len=h.new_len, new_start=h.old_start, new_len=h.old_len,
-        lines=tuple((swap[tag], text) for tag, text in h.lines),
-        old_eof_no_newline=h.new_eof_no_newline, new_eof_no_newline=h.old_eof_no_newline,
-    )
-
-
-def _present(theirs: str, fp: diffs.FilePatch, h: diffs.Hunk, reach: int) -> bool:
-    """Whether hunk ``h``'s new side (with its context) is in ``theirs``: the change is made."""
-    back = reversed_hunk(h)
-    if not back.old_lines or not any(tag == "-" for tag, _ in back.lines):
-        return False  # a pure deletion's new side is context only: it proves nothing
-    try:
-        diffs.apply(theirs, dataclasses.replace(fp, hunks=(back,)), max_offset=reach)
-    except diffs.HunkMismatch:
-        return False
-    return True
-
-
-def _placed(base: str, theirs: str, fp: diffs.FilePatch) -> list[HunkFate]:
-    """Where each hunk lands when the diff applies as it is (each hunk alone, first change)."""
-    base_lines, their_lines = split_lines(base), split_lines(theirs)
-    fates = []
-    for i, h in enumerate(fp.hunks, 1):
-        alone = dataclasses.replace(fp, hunks=(h,))
-        was = _first_difference(base_lines, split_lines(diffs.apply(base, alone)))
-        now = _first_difference(their_lines, split_lines(diffs.apply(theirs, alone)))
-        fates.append(HunkFate(i, _hunk_header(h), APPLIED, now + 1, now - was,
-                              "applies as it is" if now == was else "applies as it is, moved"))
-    return fates
 
 
 @dataclasses.dataclass

@@ -115,7 +115,7 @@ class Row:
     k: int
     direction: str  # older | newer
     ours: str  # clean | conflict | error
-    ours_how: str  # applied | merged | conflict | unsupported
+    ours_how: str  # merged | conflict | unsupported
     git_apply: str
     merge_file: str
     same_as_git_apply: bool | None  # both clean: outputs equal
@@ -168,7 +168,7 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "targets": len(sel),
             "importpatch_clean": sum(r.ours == CLEAN for r in sel),
             "importpatch_conflict": sum(r.ours == CONFLICT for r in sel),
-            "importpatch_applied_as_is": sum(r.ours_how == "applied" for r in sel),
+            
             "git_apply_3way_clean": sum(r.git_apply == CLEAN for r in sel),
             "git_merge_file_clean": sum(r.merge_file == CLEAN for r in sel),
             "wrong_clean": sum(r.wrong for r in sel),
