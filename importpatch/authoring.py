@@ -110,6 +110,7 @@ class Session:
     header: str = ""  # the preamble of the patch being amended or rebased ('' for a new one)
     patch_file: str | None = None  # that patch's file, if it came from a folder
     note: str = ""  # why the session exists ("edit", "rebase conflict")
+    saved: dict[str, str] = dataclasses.field(default_factory=dict)  # repo path -> sha256 saved
 
     def path(self, tree: str, rel: str) -> str:
         return os.path.join(self.folder, tree, *rel.split("/"))
@@ -139,11 +140,20 @@ class Session:
         out = []
         for rel in self.files:
             try:
-                if read_text(self.path(EDIT, rel)) != read_text(self.path(ORIG, rel)):
+                text = read_text(self.path(EDIT, rel))
+                if text != read_text(self.path(ORIG, rel)) and self.saved.get(rel) != _digest(
+                    text
+                ):
                     out.append(rel)
             except OSError:
                 continue
         return out
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def session_folder(name: str, work: str | None) -> str:
@@ -348,10 +358,12 @@ def header_for(
     session: Session, base: str | None, requires: str | None, summary: str | None
 ) -> str:
     """The header of the diff ``save`` writes for ``session``."""
-    if requires is None and base and session.package:
+    amending = bool(session.header.strip())
+    has_requires = "requires" in declare.parse_header(session.header)
+    if requires is None and base and session.package and not (amending and has_requires):
         parsed = _split_spec(base)
         requires = minor_series(session.package, parsed[1]) if parsed else None
-    if not session.header.strip():
+    if not amending:
         return new_header(session.name, base, requires, summary or "")
     text = session.header
     text = set_header(text, "Name", session.name)
@@ -417,6 +429,8 @@ def save(
                                "original", "edit the files first")
     target = output_path(name, out, session.patch_file)
     write_text(target, text)
+    session.saved = {rel: _digest(read_text(session.path(EDIT, rel))) for rel in session.files}
+    session.write()
     reqs = declare.parse_header(header).get("requires", [])
     return SaveResult(name, target, session.base, reqs, changed, unchanged)
 
