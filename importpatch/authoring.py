@@ -395,7 +395,8 @@ def make_patch_text(session: Session, header: str) -> tuple[str, list[str], list
             old, new = read_text(session.path(ORIG, rel)), read_text(session.path(EDIT, rel))
         except OSError as exc:
             raise check.UsageError(f"work folder {session.folder}: {exc}",
-                                   f"'importpatch edit --name {session.name}' copies it again")
+                                   f"'importpatch edit --name {session.name}' copies it again",
+                                   ) from None
         marked = conflict_lines(new)
         if marked:
             shown = ", ".join(str(n) for n in marked[:6]) + (" ..." if len(marked) > 6 else "")

@@ -279,7 +279,8 @@ def patch_from_diff_file(path: str) -> Patch:
         patch.ops.append(Op(patch, DIFF, modules, file_patch=fp))
     if not patch.ops:
         raise DeclarationError(f"{path}: the diff changes no file")
-    patch.base = (header.get("base") or [None])[0]
+    bases = header.get("base")
+    patch.base = bases[0] if bases else None
     patch.source = path
     return patch
 

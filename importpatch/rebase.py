@@ -206,7 +206,7 @@ def _three_way(
     base_lines, ours_lines, their_lines = split_lines(base), split_lines(ours), split_lines(theirs)
     spans = _spans(base_lines, ours_lines, fp)
     m = merge3.Merge3(base_lines, ours_lines, their_lines,
-                      sequence_matcher=Matcher)  # type: ignore[arg-type]
+                      sequence_matcher=Matcher)
     out: list[str] = []
     conflicts: list[Conflict] = []
     # Per hunk: the kinds of its regions, and where its first own region landed.
@@ -219,7 +219,8 @@ def _three_way(
     m.find_sync_regions = lambda: found  # type: ignore[method-assign]  # computed once
     syncs = iter(s for s in found if s[1] > s[0])
     iz = ia = ib = 0
-    for region in m.merge_regions():
+    for merge_region in m.merge_regions():
+        region: tuple[Any, ...] = merge_region  # a tagged tuple of 3 or 7 items
         what = region[0]
         if what == "unchanged":
             _, z1, z2 = region
@@ -461,9 +462,9 @@ def rebase(
         note=f"rebase of {name} from {base_label} to {target_label}",
     )
     by_rel = {f.path: f for f in files}
-    for rel, module, theirs, merged in texts:
+    for rel, module, theirs, merged_text in texts:
         authoring.write_text(session.path(authoring.ORIG, rel), theirs)
-        authoring.write_text(session.path(authoring.EDIT, rel), merged)
+        authoring.write_text(session.path(authoring.EDIT, rel), merged_text)
         session.files[rel] = module
         by_rel[rel].work_file = session.path(authoring.EDIT, rel)
     session.write()
@@ -491,10 +492,11 @@ def requires_after(
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    new_version = releases.parse_spec(new_base)[1] if new_base else None
+    new_spec = releases.parse_spec(new_base) if new_base else None
     old_spec = releases.parse_spec(base_label)
-    if new_version is None:
+    if new_spec is None:
         return list(patch.requires), "target version unknown: Requires kept"
+    new_version = new_spec[1]
     applies_to_base = True
     for fp in diffs.parse(body).files:
         try:

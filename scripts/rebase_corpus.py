@@ -168,7 +168,7 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "targets": len(sel),
             "importpatch_clean": sum(r.ours == CLEAN for r in sel),
             "importpatch_conflict": sum(r.ours == CONFLICT for r in sel),
-            
+
             "git_apply_3way_clean": sum(r.git_apply == CLEAN for r in sel),
             "git_merge_file_clean": sum(r.merge_file == CLEAN for r in sel),
             "wrong_clean": sum(r.wrong for r in sel),

