@@ -371,11 +371,21 @@ def cmd_save(args: argparse.Namespace) -> int:
 def cmd_rebase(args: argparse.Namespace) -> int:
     from . import rebase
 
-    report = rebase.rebase(args.name, args.to, args.base, work=args.work, out=args.out,
-                           dry_run=args.dry_run, force=args.force)
+    if args.out and len(args.names) > 1 and not os.path.isdir(args.out):
+        raise UsageError("--out FILE with several patches", "give a folder, or one patch")
+    reports = [rebase.rebase(name, args.to, args.base, work=args.work, out=args.out,
+                             dry_run=args.dry_run, force=args.force) for name in args.names]
+    status = max(r.exit_status for r in reports)
     if args.json:
-        emit_json(report.to_json())
-        return report.exit_status
+        emit_json(reports[0].to_json() if len(reports) == 1 else
+                  {"reports": [r.to_json() for r in reports], "exit_status": status})
+        return status
+    for report in reports:
+        _rebase_lines(report)
+    return status
+
+
+def _rebase_lines(report: Any) -> None:
     style = Style(sys.stdout)
     lines = [f"rebase {style.bold(report.patch)}: {report.base} -> {report.target}"]
     words = {"applied": "applies as it is", "merged": "3-way merge, clean",
@@ -406,7 +416,6 @@ def cmd_rebase(args: argparse.Namespace) -> int:
         lines.append(f"resolve the conflicts in {report.work}/edit, then: "
                      f"importpatch save {report.patch}")
     emit(lines)
-    return report.exit_status
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -809,8 +818,8 @@ def parser() -> argparse.ArgumentParser:
                    help="Requires header (default: the base release's minor series)")
     v.add_argument("--summary", metavar="TEXT", help="Summary header")
     v.add_argument("--work", metavar="DIR", help=work_help)
-    r = command("rebase", cmd_rebase, "carry a diff patch to another release (3-way merge)")
-    r.add_argument("name", metavar="NAME")
+    r = command("rebase", cmd_rebase, "carry diff patches to another release (3-way merge)")
+    r.add_argument("names", nargs="+", metavar="NAME")
     r.add_argument("--to", required=True, metavar="WHERE",
                    help="the target: .whl, .tar.gz sdist, folder, NAME==VERSION (downloaded by "
                         "pip, cached) or 'installed'")

@@ -302,13 +302,19 @@ def _block(out: list[str], marker: str, lines: Sequence[str]) -> None:
 # -- Sources -------------------------------------------------------------------------------------
 
 
+_opened: dict[str, check.Source] = {}  # one reading of each wheel per process (several patches)
+
+
 def open_release(where: str) -> check.Source:
     """``installed``, a ``NAME==VERSION`` release (the wheel, downloaded and cached), or a path."""
-    if where == "installed":
-        return check.InstalledSource()
-    if releases.parse_spec(where) is not None and not os.path.exists(where):
-        return check.open_source(releases.fetch(where))
-    return check.open_source(where)
+    if where not in _opened:
+        if where == "installed":
+            _opened[where] = check.InstalledSource()
+        elif releases.parse_spec(where) is not None and not os.path.exists(where):
+            _opened[where] = check.open_source(releases.fetch(where))
+        else:
+            _opened[where] = check.open_source(where)
+    return _opened[where]
 
 
 def release_label(source: check.Source, top: str) -> str:
