@@ -5,10 +5,13 @@
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
     importpatch doctor                        is the start-up hook installed and active here?
+    importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
+    importpatch save NAME                     write NAME.diff from the work folder's edits
+    importpatch rebase NAME... --to WHERE     carry diff patches to another release (3-way)
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
-named one) or ``doctor`` found a problem; 2 a usage error (bad option, unknown patch name, missing
-path) or an internal error. Errors are one line on stderr plus a hint line, never a traceback
+named one), ``doctor`` found a problem or ``rebase`` left a conflict; 2 a usage error (bad
+option, unknown patch name, missing path) or an internal error. Errors are one line on stderr plus a hint line, never a traceback
 (``--traceback`` shows it). Human output fits 100 columns (``diff`` prints source lines as they
 are) and is coloured only when stdout is a terminal and NO_COLOR is unset.
 
@@ -43,6 +46,17 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
                  "ray_node": "ip:port" of a Ray worker's node, else null,
                  "events": [{"time", "outcome", "patch", "target", "how", "detail"}],
                  "children": [PROC]}
+edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
+         "kept": bool, "patched": bool}]}
+save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
+rebase: {"patch", "base", "target", "files": [{"module", "path",
+         "how": "merged"|"conflict"|"missing", "hunks": [{"index", "header",
+         "status": "applied"|"merged"|"upstream"|"conflict", "line", "moved", "detail"}],
+         "conflicts": [{"start", "end", "hunks": [int], "detail"}], "work_file", "detail"}],
+         "out", "work", "requires_before", "requires_after", "requires_why", "diff",
+         "status": "clean"|"conflict", "exit_status": 0|1}
+        (several NAMEs: {"reports": [that], "exit_status"}); check's patches add "base",
+        "suggestion"
 doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
          "pth_ran": bool, "finder": {"active": bool, "patches": [str], "why"},
          "env": {name: value}, "cache": {"root", "problem": str|null},
