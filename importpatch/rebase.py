@@ -233,7 +233,8 @@ def _three_way(
             continue
         if what == "b":
             _, b1, b2 = region
-            # base lines upstream replaced: from iz, as many as ours kept in sync (see below)
+            # An upstream-only change right after the sync region ending at base line iz: it
+            # counts for a hunk whose old side (its context included) reaches that line.
             owners = [s for s in spans if s.base_start <= iz <= s.base_end]
             for s in owners:
                 upstream_near[s.index].append(len(out) + 1)
