@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any
 
-from . import check, declare, diffs
+from . import check, declare, diffs, releases
 
 SESSION = "session.json"
 FORMAT = 1
@@ -361,7 +361,7 @@ def header_for(
     amending = bool(session.header.strip())
     has_requires = "requires" in declare.parse_header(session.header)
     if requires is None and base and session.package and not (amending and has_requires):
-        parsed = _split_spec(base)
+        parsed = releases.parse_spec(base)
         requires = minor_series(session.package, parsed[1]) if parsed else None
     if not amending:
         return new_header(session.name, base, requires, summary or "")
@@ -373,11 +373,6 @@ def header_for(
     if summary is not None:
         text = set_header(text, "Summary", summary)
     return text if text.endswith("\n\n") else text.rstrip("\n") + "\n\n"
-
-
-def _split_spec(spec: str) -> tuple[str, str] | None:
-    name, sep, version = spec.partition("==")
-    return (name.strip(), version.strip()) if sep and name.strip() and version.strip() else None
 
 
 def conflict_lines(text: str) -> list[int]:
