@@ -42,12 +42,8 @@ class NotApplicable(Exception):
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines with their endings, split on '\\n' only (as git and importpatch's diffs do)."""
-    parts = text.split("\n")
-    lines = [part + "\n" for part in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
+    """Lines with their endings, split on '\\n' only, as the diff engine splits them."""
+    return diffs._split_keepends(text)
 
 
 class Matcher:
