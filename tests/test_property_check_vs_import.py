@@ -60,6 +60,8 @@ def simple(draw: Any, n: str) -> str:
         f"try:\n    {n} += 1\nexcept (NameError, TypeError):\n    pass",
         f'D["{n}"] = 1',
         f"O.{n} = 1",
+        f"try:\n    D[{n}] = 1\nexcept NameError:\n    pass",  # binds neither D nor {n}
+        f"try:\n    {n}.x = 1\nexcept (NameError, AttributeError):\n    pass",
         f"for {n} in range({k}):\n    pass",
         f"with CM() as {n}:\n    pass",
         f"try:\n    raise ValueError\nexcept ValueError as {n}:\n    pass",
