@@ -217,8 +217,8 @@ def _load_file(file: str) -> list[Patch]:
         patches = found
         for p in patches:
             p.source = file
-    _loaded_files[file] = patches
-    return patches
+    # Two threads may have run the file at once (no lock: see declare.collecting): one result wins.
+    return _loaded_files.setdefault(file, patches)
 
 
 def _entries_of_file(origin: str, file: str) -> list[Entry]:

@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import io
 import os
 import re
 import sys
 import tarfile
-import tokenize
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
 from .declare import ADD, CODE_KINDS, DIFF, REPLACE, TRANSFORM
+from .finder import declared
+from .finder import decode_source as _decode
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
 
@@ -76,11 +76,6 @@ def _metadata_fields(text: str) -> dict[str, str]:
         if sep and key in ("Name", "Version"):
             fields.setdefault(key, value.strip())
     return fields
-
-
-def _decode(raw: bytes) -> str:
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-    return raw.decode(encoding).removeprefix("\ufeff")
 
 
 def version_in_source(text: str) -> str | None:
@@ -405,66 +400,8 @@ def open_source(against: str | None) -> Source:
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
-
-_BLOCKS = ("body", "orelse", "finalbody")
-
-
-@dataclasses.dataclass(frozen=True)
-class Binding:
-    kind: str  # def | class | assignment | import
-    line: int
-    node: ast.stmt
-
-
-def _stmt_binds(stmt: ast.stmt, name: str) -> str | None:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
-        return "def"
-    if isinstance(stmt, ast.ClassDef) and stmt.name == name:
-        return "class"
-    targets: list[ast.expr] = []
-    if isinstance(stmt, ast.Assign):
-        targets = stmt.targets
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
-        targets = [stmt.target]
-    elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        for alias in stmt.names:
-            bound = alias.asname or alias.name.partition(".")[0]
-            if bound == name and alias.name != "*":
-                return "import"
-        return None
-    for target in targets:
-        for node in ast.walk(target):
-            if isinstance(node, ast.Name) and node.id == name:
-                return "assignment"
-    return None
-
-
-def bindings(body: list[ast.stmt], name: str) -> list[Binding]:
-    """Every binding of ``name`` in one scope, nested if/try/with/for/match blocks included."""
-    out: list[Binding] = []
-    for stmt in body:
-        kind = _stmt_binds(stmt, name)
-        if kind is not None:
-            out.append(Binding(kind, stmt.lineno, stmt))
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue  # a new scope
-        for field in _BLOCKS:
-            block = getattr(stmt, field, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                out.extend(bindings(block, name))
-        for sub in [*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())]:
-            out.extend(bindings(sub.body, name))
-    return out
-
-
-def _hidden_binders(tree: ast.Module) -> str:
-    """Why a name absent from the source may still exist at run time ('' if nothing suggests so)."""
-    for stmt in tree.body:
-        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
-            return f"'from {stmt.module or '.'} import *' at line {stmt.lineno} may bind it"
-        if isinstance(stmt, ast.FunctionDef) and stmt.name == "__getattr__":
-            return f"the module-level __getattr__ at line {stmt.lineno} may provide it"
-    return ""
+# Where a name is bound is answered by importpatch.bindings, the analysis the loader uses too, so
+# this dry run and the real import agree (tests/test_properties.py checks it on generated modules).
 
 
 @dataclasses.dataclass
@@ -476,32 +413,6 @@ class SymbolResult:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def find_symbol(tree: ast.Module, qualname: str) -> tuple[SymbolResult, str]:
-    """Look ``Outer.Inner.attr`` up through class bodies. Returns the result and, when the answer
-    cannot be known from the source, why (else '')."""
-    body: list[ast.stmt] = tree.body
-    parts = qualname.split(".")
-    owner = "the module"
-    for i, part in enumerate(parts):
-        found = bindings(body, part)
-        if not found:
-            why = _hidden_binders(tree) if i == 0 else ""
-            return SymbolResult(qualname, False), why
-        if i == len(parts) - 1:
-            return SymbolResult(qualname, True, found[0].kind, found[0].line), ""
-        classes = [b for b in found if b.kind == "class"]
-        if not classes:
-            b = found[0]
-            return SymbolResult(".".join(parts[: i + 1]), True, b.kind, b.line), (
-                f"{part} in {owner} is bound by {b.kind} at line {b.line}, not a class "
-                f"statement: its attributes cannot be read from the source"
-            )
-        node = classes[0].node
-        assert isinstance(node, ast.ClassDef)
-        body, owner = node.body, f"class {'.'.join(parts[: i + 1])}"
-    raise AssertionError("unreachable")
 
 
 # -- Checking ------------------------------------------------------------------------------------
@@ -682,31 +593,40 @@ class _Checker:
             result.status, result.detail = FAIL, exc.what
 
     def symbol(self, op: declare.Op, result: OpResult) -> None:
+        from . import bindings
+
         assert result.file is not None and op.qualname is not None
         tree = self.tree(result.file)
         if tree is None:
             result.status, result.detail = FAIL, "the module's source does not parse"
             return
-        found, unsure = find_symbol(tree, op.qualname)
-        result.symbol = found
-        where = f"{found.kind} at line {found.line}"
+        v = bindings.verdict(tree, op.qualname, add=op.kind == ADD)
+        b = v.binding
+        found = v.state in (bindings.BOUND, bindings.MAYBE)
+        result.symbol = SymbolResult(op.qualname, found, b.kind if b else None,
+                                     b.line if b else None)
+        where = f"{b.kind} at line {b.line}" if b else ""
+        why = f" ({v.why})" if v.why else ""
         if op.kind == ADD:
             owner = op.qualname.rpartition(".")[0]
-            if unsure:
-                result.status, result.detail = WARN, unsure
-            elif found.found and found.qualname == op.qualname:
+            owner_v = bindings.verdict(tree, owner) if owner else None
+            if owner_v is not None and owner_v.state == bindings.ABSENT:
+                result.status, result.detail = FAIL, f"class {owner} not found"
+            elif owner_v is not None and owner_v.state != bindings.BOUND:
+                result.status, result.detail = WARN, owner_v.why
+            elif v.state == bindings.BOUND:
                 result.status = FAIL
                 result.detail = f"{op.qualname} already exists ({where}); use replace"
-            elif owner and not find_symbol(tree, owner)[0].found:
-                result.status, result.detail = FAIL, f"class {owner} not found"
-            else:
+            elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is free"
-        elif unsure:
-            result.status, result.detail = WARN, unsure
-        elif found.found:
+            else:
+                result.status, result.detail = WARN, v.why
+        elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
+        elif v.state == bindings.ABSENT:
+            result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
         else:
-            result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}"
+            result.status, result.detail = WARN, v.why
 
 
 def _misfit(text: str, fp: diffs.FilePatch, index: int) -> diffs.HunkMismatch | None:
@@ -771,13 +691,13 @@ def _check_entry(
         result.problems.append(f"the declaration does not load: {entry.error}")
         result.status = FAIL
         return result, []
-    try:
-        patch = catalog.load_patch(entry)
-    except Exception as exc:
-        result.problems.append(f"the declaration does not load: {type(exc).__name__}: {exc}")
+    loaded = declared(entry, checker.version_of)
+    if loaded.patch is None:
+        result.problems.append(f"the declaration does not load: {loaded.error}")
         result.status = FAIL
         return result, []
-    result.requirement_ok, result.requirement = versions.check(patch.requires, checker.version_of)
+    patch = loaded.patch
+    result.requirement_ok, result.requirement = loaded.ok, loaded.why
     pairs = [(op, checker.op(op)) for op in patch.ops]
     result.ops = [r for _, r in pairs]
     result.status = _status(result)

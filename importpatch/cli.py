@@ -455,9 +455,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         seen: set[str] = set()
         for ev in proc["events"]:
             tally = patches.setdefault(
-                ev["patch"], {"applied": 0, "skipped": 0, "failed": 0, "processes": 0})
+                ev["patch"],
+                {"applied": 0, "skipped": 0, "failed": 0, "rebound": 0, "processes": 0})
             if ev["outcome"] in tally:
                 tally[ev["outcome"]] += 1
+            if ev["how"] == "rebind" and ev["detail"].startswith("copy of"):
+                tally["rebound"] += 1  # late activation re-bound one copy (module:name in target)
             if ev["outcome"] == "applied" and ev["patch"] not in seen:
                 seen.add(ev["patch"])
                 tally["processes"] += 1
@@ -472,48 +475,40 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines += _proc_lines(root, 0, style)
     lines.append("")
     for name, t in sorted(patches.items()):
+        rebound = f", {t['rebound']} copies re-bound late" if t["rebound"] else ""
         lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
-                     f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed")
+                     f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed"
+                     + rebound)
     if bad:
         lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
     emit(lines)
     return 0
 
 
-EVENT_KEYS = ("time", "pid", "ppid", "host", "argv", "outcome", "patch", "target", "how", "detail")
-
-
 def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int]:
     """Processes keyed by (host, pid), each with its events in time order; and bad lines' count."""
+    from .events import EVENT_KEYS, read
+
     procs: dict[tuple[str, int], dict[str, Any]] = {}
-    bad = 0
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".jsonl"):
+    found, bad = read(folder)
+    for ev in found:
+        try:
+            key = (str(ev["host"]), int(ev["pid"]))
+            argv = [str(a) for a in ev["argv"]]
+            fields = {
+                "ppid": int(ev["ppid"]), "argv": argv,
+                "process": str(ev.get("process", "")),  # absent in older events
+            }
+        except (ValueError, TypeError):
+            bad += 1
             continue
-        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    ev = json.loads(line)
-                    key = (str(ev["host"]), int(ev["pid"]))
-                    argv = [str(a) for a in ev["argv"]]
-                    fields = {
-                        "ppid": int(ev["ppid"]), "argv": argv,
-                        "process": str(ev.get("process", "")),  # absent in older events
-                    }
-                    fields["ray_node"] = ray_node(argv)
-                    event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": float(ev["time"])}
-                except (ValueError, KeyError, TypeError):
-                    bad += 1
-                    continue
-                proc = procs.setdefault(key, {
-                    "host": key[0], "pid": key[1], **fields, "parent_seen": False,
-                    "events": [], "children": [],
-                })
-                proc["events"].append(event)
-    for proc in procs.values():
-        proc["events"].sort(key=lambda e: e["time"])
+        fields["ray_node"] = ray_node(argv)
+        event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": ev["time"]}
+        proc = procs.setdefault(key, {
+            "host": key[0], "pid": key[1], **fields, "parent_seen": False,
+            "events": [], "children": [],
+        })
+        proc["events"].append(event)
     return procs, bad
 
 

@@ -18,7 +18,9 @@ the others (made in application code) go to ``_registry`` and are enabled with
 
 from __future__ import annotations
 
+import _thread
 import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -123,6 +125,9 @@ class Patch:
         self.ops: list[Op] = []
         self.source = "<python>"  # file or entry point it was discovered in; set by the catalog
         self.origin = "api"  # "builtin", "folder", "entry-point" or "api"
+        # The module that made it: late activation never re-binds names there (a patch file's
+        # `_orig = m.f` must keep the original it saved).
+        self.defined_in = _caller_module()
         _collect(self)
 
     def __repr__(self) -> str:
@@ -285,26 +290,43 @@ def patch_from_diff_file(path: str) -> Patch:
     return patch
 
 
+def _caller_module() -> str | None:
+    """The module whose code called ``Patch(...)`` (None when importpatch itself did)."""
+    name = sys._getframe(2).f_globals.get("__name__")
+    if not isinstance(name, str) or name == "importpatch.declare":
+        return None
+    return name
+
+
 # -- Collecting declarations -----------------------------------------------------------------------
 
 _registry: list[Patch] = []  # made by application code (enable() picks them up)
-_collector: list[list[Patch]] = []  # stack: a patch file being discovered collects its own
+# Per thread, a stack: a patch file being discovered collects its own Patch objects. Per thread,
+# because two threads may load two declarations at once (importing two targets); a lock around
+# running patch code instead could deadlock against the import locks that code takes.
+_collectors: dict[int, list[list[Patch]]] = {}
 
 
 def _collect(patch: Patch) -> None:
-    (_collector[-1] if _collector else _registry).append(patch)
+    stack = _collectors.get(_thread.get_ident())
+    (stack[-1] if stack else _registry).append(patch)
 
 
 class collecting:
-    """``with collecting() as found:`` gathers the Patch objects made inside the block."""
+    """``with collecting() as found:`` gathers the Patch objects made inside the block (in this
+    thread)."""
 
     def __enter__(self) -> list[Patch]:
         self.found: list[Patch] = []
-        _collector.append(self.found)
+        _collectors.setdefault(_thread.get_ident(), []).append(self.found)
         return self.found
 
     def __exit__(self, *exc: object) -> None:
-        _collector.pop()
+        ident = _thread.get_ident()
+        stack = _collectors[ident]
+        stack.pop()
+        if not stack:
+            del _collectors[ident]
 
 
 def iter_registry() -> Iterator[Patch]:

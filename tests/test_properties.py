@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import ast
 import difflib
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from importpatch import landing
+from importpatch import landing, transforms
 from importpatch.declare import Patch, collecting
 from importpatch.diffs import apply, parse
 
@@ -139,6 +138,7 @@ class Gen:
         self.classes: list[tuple[str, list[str]]] = []
         self.targets: dict[str, Any] = {}  # qualname -> replacement
         self.kinds: dict[str, str] = {}  # qualname -> def / static / property / value
+        self.carried: set[str] = set()  # targets re-bound by `+=` after the replacement landed
         self.n = 0
 
     def name(self, prefix: str) -> str:
@@ -187,7 +187,10 @@ class Gen:
             line = f"{name} = {value}"
             self.vars.append(name)
             self.target(name, "value", 1000 + self.n)
-        replaced = name in self.targets
+        # `+=` is a derived re-binding: it carries the replaced value, it is not replaced again
+        replaced = name in self.targets and "+=" not in line
+        if name in self.targets and "+=" in line:
+            self.carried.add(name)
         self.emit(line, f"{line}\n{name} = {self.targets[name]}" if replaced else None, indent)
 
     def klass(self) -> None:
@@ -269,15 +272,17 @@ def run_patched(text: str, targets: dict[str, Any]) -> tuple[dict[str, Any], set
     for qual, replacement in targets.items():
         patch.replace(f"{MOD}:{qual}", replacement)
     plan = landing.ModulePlan(MOD, list(patch.ops), "<fuzz>")
-    landing.register(plan)
-    tree = ast.parse(text)
     quals = sorted({landing.site_of(op)[0] for op in patch.ops} - {""})
-    unseen = landing.rewrite(tree, MOD, quals)
+    code, facts = transforms.compile_module(
+        MOD, text, quals, landing.fact_quals(patch.ops), "<fuzz>"
+    )
+    plan.unseen = {q for q, fact in facts.items() if not fact.seen}
+    plan.prepare(facts)
+    landing.register(plan)
     namespace: dict[str, Any] = {"__name__": MOD}
-    plan.before_exec(namespace)
-    exec(compile(tree, "<fuzz>", "exec", dont_inherit=True), namespace)
-    plan.finish(namespace, unseen)
-    return namespace, unseen
+    exec(code, namespace)  # the code calls landing.begin and landing.done itself
+    assert plan.finished
+    return namespace, plan.unseen
 
 
 def behaviour(value: Any) -> Any:
@@ -338,6 +343,8 @@ def test_property_rewritten_random_module_behaves_like_source_level_replacement(
         assert behaviour(patched[name]) == behaviour(expected[name]), (name, original, oracle)
     # Targets hold the replacement objects themselves (decorators applied on top of them).
     for qual, replacement in gen.targets.items():
+        if qual in gen.carried:
+            continue
         owner, _, attr = qual.rpartition(".")
         raw = vars(patched[owner])[attr] if owner else patched[attr]
         inner = {"static": "__func__", "property": "fget"}.get(gen.kinds[qual])
