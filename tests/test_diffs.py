@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import time
 
@@ -162,22 +163,32 @@ GIT_U0 = (
 )
 
 
-def test_zero_context_insertion_at_top_and_omitted_lengths() -> None:
+def test_zero_context_diff_is_refused_unless_accepted() -> None:
     f = only_file(GIT_U0)
     top, change = f.hunks
     assert (top.old_start, top.old_len, top.new_start, top.new_len) == (0, 0, 1, 1)
     assert (change.old_start, change.old_len, change.new_start, change.new_len) == (7, 1, 8, 1)
     assert change.header == "@@ -7 +8 @@ def f():"
-    assert apply(FN_OLD, f) == FN_NEW
+    # Nothing tells where a hunk without context goes (git apply would put this insertion at
+    # the end of the file): refused, saying how to fix it.
+    with pytest.raises(DiffError) as info:
+        apply(FN_OLD, f)
+    message = str(info.value)
+    assert info.value.lineno == 7 and "hunk #2 '@@ -7 +8 @@ def f():'" in message
+    for part in ("git diff -U0", "make the diff again with context", "Unidiff-Zero: yes"):
+        assert part in message
+    # Accepted explicitly: placed by its line numbers, like git apply --unidiff-zero.
+    assert apply(FN_OLD, dataclasses.replace(f, unidiff_zero=True)) == FN_NEW
 
 
 def test_insertion_after_a_line_with_zero_old_length() -> None:
     diff = "--- a/m.py\n+++ b/m.py\n@@ -5,0 +6,2 @@\n+new a\n+new b\n"
     expected = numbered(5) + "new a\nnew b\n" + numbered(5, 6)
-    assert patched(numbered(10), diff) == expected
+    assert apply(numbered(10), dataclasses.replace(only_file(diff), unidiff_zero=True)) == expected
     # At the very end of the file too.
     diff = "--- a/m.py\n+++ b/m.py\n@@ -3,0 +4 @@\n+tail\n"
-    assert patched(numbered(3), diff) == numbered(3) + "tail\n"
+    f = dataclasses.replace(only_file(diff), unidiff_zero=True)
+    assert apply(numbered(3), f) == numbered(3) + "tail\n"
 
 
 def test_insertion_into_empty_file() -> None:
@@ -206,7 +217,7 @@ def test_no_prefix_and_timestamps() -> None:
     )
     f = only_file(gnu)
     assert (f.old_path, f.new_path, f.path) == ("pkg/m.py.orig", "pkg/m.py", "pkg/m.py")
-    assert apply(numbered(2), f) == "one\nline 2\n"
+    assert apply(numbered(1), f) == "one\n"
 
 
 def test_only_one_prefix_is_stripped() -> None:
@@ -364,12 +375,13 @@ def test_max_offset_zero_means_stated_position_only() -> None:
         patched("a\nb\n", diff, max_offset=-1)
 
 
-def test_nearest_match_wins_and_earlier_on_ties() -> None:
+def test_nearest_match_wins_and_later_on_ties() -> None:
     block = "x\ny\nz\n"
     diff = "--- a/m.py\n+++ b/m.py\n@@ -4,3 +4,3 @@\n x\n-y\n+Y\n z\n"
-    # Copies at lines 1 and 7: both 3 away from the stated line 4, take the earlier.
+    # Copies at lines 1 and 7: both 3 away from the stated line 4, take the later, as git apply
+    # and GNU patch do (test_diff_corpus.py checks that against both).
     source = block + "p\nq\nr\n" + block
-    assert patched(source, diff) == block.replace("y", "Y") + "p\nq\nr\n" + block
+    assert patched(source, diff) == block + "p\nq\nr\n" + block.replace("y", "Y")
     # Copies at lines 2 and 9: line 2 is nearer.
     source = "p\n" + block + "q\nr\ns\n" + block
     assert patched(source, diff) == "p\n" + block.replace("y", "Y") + "q\nr\ns\n" + block
@@ -401,7 +413,7 @@ def test_mismatch_past_end_of_file_and_nowhere_similar() -> None:
     exc = info.value
     assert (exc.expected, exc.line, exc.actual) == ("p", 5, None)
     assert exc.nearest is None and exc.nearest_score == 0.0
-    assert "end of file" in str(exc) and "no line of the hunk" in str(exc)
+    assert "found end of file" in str(exc) and "no place in the source resembles" in str(exc)
 
 
 def test_apply_is_all_or_nothing_and_exceptions_pickle() -> None:
@@ -696,6 +708,46 @@ def test_property_make_diff_then_apply_round_trips(
 DISTINCT = [f"v{i}" for i in range(10)] + ["", "é"]
 
 
+# Distinct lines around the edited part keep every hunk away from the file's start and end, so
+# no hunk is anchored there and each one is searched (anchored hunks have their own property).
+HEAD = [f"# head {i}" for i in range(4)]
+TAIL = [f"# tail {i}" for i in range(4)]
+
+
+@PROPERTY
+@given(
+    a=st.lists(st.sampled_from(DISTINCT), max_size=12, unique=True),
+    b=st.lists(st.sampled_from(DISTINCT), max_size=12),
+    eol=EOLS,
+    max_offset=st.sampled_from([0, 1, 5, 40, 200]),
+    data=st.data(),
+)
+def test_property_shift_within_bound_applies_beyond_raises(
+    a: list[str], b: list[str], eol: str, max_offset: int, data: st.DataObject
+) -> None:
+    # `a` has distinct lines, so each hunk's old side occurs exactly once and
+    # "nearest match" cannot pick a different copy.
+    assume(a != b)
+    old, new = join(HEAD + a + TAIL, eol, True), join(HEAD + b + TAIL, eol, True)
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+
+    def shifted(text: str, k: int) -> str:  # k unrelated lines after the first line
+        first, rest = text.split(eol, 1)
+        return first + eol + "".join(f"# unrelated {i}{eol}" for i in range(k)) + rest
+
+    k = data.draw(st.integers(0, max_offset), label="k")
+    assert apply(shifted(old, k), f, max_offset=max_offset) == shifted(new, k)
+
+    k = max_offset + 1 + data.draw(st.integers(0, 3), label="extra")
+    with pytest.raises(HunkMismatch) as info:
+        apply(shifted(old, k), f, max_offset=max_offset)
+    exc = info.value
+    stated = f.hunks[0].old_start
+    assert exc.hunk_index == 1 and exc.kind == "beyond-window"
+    assert exc.fit == exc.nearest == stated + k and exc.nearest_score == 1.0
+    assert f"'Max-Offset: {k}'" in str(exc)
+
+
 @PROPERTY
 @given(
     a=st.lists(st.sampled_from(DISTINCT), min_size=1, max_size=12, unique=True),
@@ -703,39 +755,26 @@ DISTINCT = [f"v{i}" for i in range(10)] + ["", "é"]
     a_nl=st.booleans(),
     b_nl=st.booleans(),
     eol=EOLS,
-    max_offset=st.sampled_from([0, 1, 5, 40, 200]),
-    data=st.data(),
 )
-def test_property_shift_within_bound_applies_beyond_raises(
-    a: list[str],
-    b: list[str],
-    a_nl: bool,
-    b_nl: bool,
-    eol: str,
-    max_offset: int,
-    data: st.DataObject,
+def test_property_anchored_hunks_refuse_a_new_first_or_last_line(
+    a: list[str], b: list[str], a_nl: bool, b_nl: bool, eol: str
 ) -> None:
-    # `a` has distinct lines, so each hunk's old side occurs exactly once and
-    # "nearest match" cannot pick a different copy.
+    # Short files: hunks reach line 1 or the last line, so git apply anchors them there
+    # (match_beginning / match_end) and a line added above / below must make them fail.
     old, new = join(a, eol, a_nl), join(b, eol, b_nl)
-    # An empty source gives a hunk without old-side lines, which fits anywhere.
-    assume(old != new and old != "")
+    assume(old != new)
     f = only_file(make_diff(old, new, "pkg/m.py"))
-    k = data.draw(st.integers(0, max_offset), label="k")
-    prefix = "".join(f"# unrelated {i}{eol}" for i in range(k))
-    expected = prefix + new
-    if "\n" not in prefix + old:  # no line ending to copy the style from: LF
-        expected = expected.replace("\r\n", "\n")
-    assert apply(prefix + old, f, max_offset=max_offset) == expected
-
-    k = max_offset + 1 + data.draw(st.integers(0, 3), label="extra")
-    prefix = "".join(f"# unrelated {i}{eol}" for i in range(k))
-    with pytest.raises(HunkMismatch) as info:
-        apply(prefix + old, f, max_offset=max_offset)
-    first = f.hunks[0]
-    stated = first.old_start if first.old_len else first.old_start + 1
-    assert info.value.hunk_index == 1
-    assert info.value.nearest == stated + k and info.value.nearest_score == 1.0
+    first, last = f.hunks[0], f.hunks[-1]
+    extra = f"# added{eol}"
+    if first.old_start <= 1:
+        with pytest.raises(HunkMismatch) as info:
+            apply(extra + old, f)
+        assert info.value.kind in ("anchored", "already-applied")
+    if last.trailing == 0 and old.endswith(eol):
+        with pytest.raises(HunkMismatch) as info:
+            apply(old + extra, f)
+        assert info.value.kind in ("anchored", "already-applied")
+    assert apply(old, f) == (new if "\n" in old else new.replace("\r\n", "\n"))
 
 
 DIFFISH = st.sampled_from(
@@ -780,7 +819,7 @@ def check_parse_is_total(text: str) -> None:
         for source in ("", "a\nb\n", "a\r\nb", "b\n" * 5):
             try:
                 assert isinstance(apply(source, f), str)
-            except HunkMismatch as exc:
+            except (HunkMismatch, DiffError) as exc:  # DiffError: a hunk without context
                 assert str(exc)
 
 
