@@ -93,7 +93,8 @@ class HunkMismatch(Exception):
     hunk's anchor, else at its stated position adjusted by earlier hunks' offsets), ``actual``
     (that source line, None past EOF), ``nearest`` (1-based source line where the hunk's old side
     fits best by count of equal lines; None if that is below ``NEAREST_FLOOR``),
-    ``nearest_score`` (fraction of old-side lines equal there, 0..1, also when below the floor),
+    ``nearest_score`` (fraction of the old-side lines with a letter or digit that are equal
+    there, 0..1, also when below the floor; see _telling),
     ``fit`` (for ``anchored``/``beyond-window``: the line where the old side fits exactly; for
     ``already-applied``: where the new side is), ``reason`` (extra explanation, may be empty),
     ``max_offset``, ``others`` and ``hunk_count`` (hunks in the file).
@@ -135,6 +136,14 @@ class HunkMismatch(Exception):
         self.others = others
         self.hunk_count = hunk_count
 
+    def in_file(self, others: tuple[HunkMismatch, ...], hunk_count: int) -> HunkMismatch:
+        """This hunk's mismatch as one of ``hunk_count`` hunks, with the ``others`` failing."""
+        return HunkMismatch(
+            self.path, self.hunk_index, self.header, self.expected, self.line, self.actual,
+            self.nearest, self.nearest_score, self.reason, self.max_offset, self.kind, self.fit,
+            others, hunk_count,
+        )  # fmt: skip
+
     @property
     def failures(self) -> tuple[HunkMismatch, ...]:
         """Every failing hunk of the file, this one first."""
@@ -167,14 +176,19 @@ class HunkMismatch(Exception):
                 "version"
             )
         if self.kind == NO_PLACE:
-            return f"cannot be placed: an insertion cannot go after line {self.line - 1} ({self.reason})"
+            where = f"after line {self.line - 1}" if self.line > 1 else "at the top"
+            return f"cannot be placed: an insertion cannot go {where} ({self.reason})"
         found = "end of file" if self.actual is None else repr(self.actual)
-        wanted = "a blank line" if self.expected == "" else repr(self.expected)
+        wanted = {"": "a blank line", "<end of file>": "the end of the file"}.get(
+            self.expected, repr(self.expected)
+        )
         if self.kind == ANCHORED:
             text = f"does not apply: {self.reason}: at line {self.line} expected {wanted} "
             text += f"but found {found}"
             if self.fit is not None:
                 return text + f"; its old side fits exactly at line {self.fit}"
+            if self.expected == "<end of file>":
+                return text  # its lines are there, the file goes on after them
         else:
             if self.kind == MISMATCH:
                 where = f"at its stated position or within {self.max_offset} lines of it"
@@ -189,13 +203,13 @@ class HunkMismatch(Exception):
         if self.nearest is not None:
             return text + (
                 f"; the closest fit in the whole source starts at line {self.nearest} "
-                f"({self.nearest_score:.0%} of the hunk's old-side lines match there, "
-                "blank and bracket-only lines aside)"
+                f"({self.nearest_score:.0%} of its old-side lines with a letter or digit "
+                "match there)"
             )
         return text + (
             "; no place in the source resembles its old side "
-            f"(at most {self.nearest_score:.0%} of its lines match anywhere, blank and "
-            "bracket-only lines aside)"
+            f"(at most {self.nearest_score:.0%} of its old-side lines with a letter or digit "
+            "match anywhere)"
         )
 
     def message(self, version: str | None = None) -> str:
@@ -774,8 +788,22 @@ def _explain(
                 len(reverse.old_lines)
             )
 
-    # Where the old side was expected: at the anchor, else at the stated position.
-    p = 0 if at_start else max(n - length, 0) if at_end else max(stated, 0)
+    # Places are scored by the telling lines of the old side alone (see _telling and
+    # NEAREST_FLOOR); a place where all of them are equal is checked for an exact fit.
+    telling = [i for i, line in enumerate(old) if _telling(line)] or list(range(length))
+    votes = src.votes(old, telling)
+    exact = [q for q, count in votes.items() if count == len(telling) and q >= lo]
+    exact = _nearest_first([q for q in exact if src.fits(hunk, old, q)], max(stated, 0))
+
+    # Where the old side was expected: at the anchor, else at the stated position. A hunk bound
+    # to the end of the file whose lines are elsewhere is explained where they are: the file
+    # goes on after them.
+    if at_start:
+        p = 0
+    elif at_end:
+        p = exact[0] if exact else max(n - length, 0)
+    else:
+        p = max(stated, 0)
     end = p + length
     differs = next((q for q in range(p, end) if q >= n or keys[q] != old[q - p]), None)
     if differs is None and not old and (p > n or p < lo or (p and p == n and not src.final_nl)):
@@ -804,13 +832,7 @@ def _explain(
     else:
         expected, line = old[differs - p], differs + 1
         actual = keys[differs] if differs < n else None
-    # Places are scored by the telling lines of the old side alone (see _telling and
-    # NEAREST_FLOOR); a place where all of them are equal is checked for an exact fit.
-    telling = [i for i, line in enumerate(old) if _telling(line)] or list(range(length))
-    votes = src.votes(old, telling)
-    exact = [q for q, count in votes.items() if count == len(telling) and q >= lo and q != p]
-    exact = _nearest_first([q for q in exact if src.fits(hunk, old, q)], max(stated, 0))
-    fit = exact[0] + 1 if exact else None
+    fit = next((q + 1 for q in exact if q != p), None)
     nearest, score = None, 0.0
     if votes and any(_telling(line) for line in old):
         best = min(votes, key=lambda q: (-votes[q], abs(q - stated), -q))
@@ -872,8 +894,8 @@ def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> st
             done = back + length
     if failures:
         count = len(patch.hunks)
-        first, *others = (HunkMismatch(*f.args[:12], (), count) for f in failures)
-        raise HunkMismatch(*first.args[:12], tuple(others), count)
+        first, *others = (f.in_file((), count) for f in failures)
+        raise first.in_file(tuple(others), count)
 
     out: list[str] = []
     done = 0

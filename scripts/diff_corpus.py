@@ -1,4 +1,4 @@
-"""The diff engine against ``git apply`` and GNU ``patch -F0`` on real history (scripts/vllm_history.py).
+"""The diff engine against ``git apply`` and GNU ``patch -F0`` on real history (vllm_history.py).
 
 For every case (a commit C changing one file): the engine must turn the file at C^ into the file
 at C byte for byte; then the same diff goes to the file k first-parent commits older and newer,
@@ -83,8 +83,9 @@ class Tools:
         proc = subprocess.run([*cmd, str(patch_file)], cwd=work, capture_output=True, env=_ENV)
         return target.read_bytes().decode() if proc.returncode == 0 else None
 
-    def git_apply(self, text: str, diff: str, path: str) -> str | None:
-        return self._run(["git", "apply", "--whitespace=nowarn"], text, diff, path)
+    def git_apply(self, text: str, diff: str, path: str, *options: str) -> str | None:
+        """``git apply OPTIONS`` (e.g. ``-R``, ``--unidiff-zero``) of ``diff`` to ``text``."""
+        return self._run(["git", "apply", "--whitespace=nowarn", *options], text, diff, path)
 
     def gnu_patch(self, text: str, diff: str, path: str) -> str | None:
         if not self.has_patch:

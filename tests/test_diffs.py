@@ -449,6 +449,161 @@ def test_apply_speed_10k_lines_3_hunks() -> None:
     assert best < 0.025  # typically ~0.5 ms; generous for shared CI machines
 
 
+# ----------------------------------------------------------- messages that point at the fix
+
+
+def head(n: int) -> str:
+    return "".join(f"# head {i}\n" for i in range(n))
+
+
+def test_blank_context_line_mismatch_names_the_line_found() -> None:
+    old = head(10) + "def f():\n\n    return 1\n" + "".join(f"# t{i}\n" for i in range(5))
+    f = only_file(make_diff(old, old.replace("return 1", "return 2"), "m.py"))
+    source = old.replace("def f():\n\n", "def f():\n    x = 1\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert (exc.kind, exc.expected, exc.line, exc.actual) == ("mismatch", "", 12, "    x = 1")
+    # Not the wording of a hunk without old-side lines ("cannot be placed before line 12").
+    assert "at line 12 expected a blank line but found '    x = 1'" in str(exc)
+    assert "cannot be placed" not in str(exc)
+
+
+def test_exact_fit_beyond_the_window_says_so_and_how_to_allow_it() -> None:
+    old = numbered(40)
+    new = old.replace("line 20\n", "twenty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    upstream = numbered(300, start=1000)  # 300 lines added above the hunk
+    with pytest.raises(HunkMismatch) as info:
+        apply(upstream + old, f)
+    exc = info.value
+    assert (exc.kind, exc.line, exc.fit, exc.nearest) == ("beyond-window", 17, 317, 317)
+    message = str(exc)
+    assert "fits exactly at line 317, 300 lines away" in message
+    assert "'Max-Offset: 300' in the diff's header" in message
+    # The patch's own bound (the header's) is what apply uses; one line short still fails.
+    assert apply(upstream + old, dataclasses.replace(f, max_offset=300)) == upstream + new
+    with pytest.raises(HunkMismatch):
+        apply(upstream + old, dataclasses.replace(f, max_offset=299))
+
+
+def test_no_closest_fit_made_of_blank_lines_and_brackets() -> None:
+    block = "    result = compute(\n        alpha,\n    )\n\n\n"
+    old = head(5) + block + "def tail():\n    pass\n" + head(3)
+    f = only_file(make_diff(old, old.replace("alpha", "beta"), "m.py"))
+    # Only blank lines and a lone ')' of the hunk occur in this source, many times over.
+    source = "x = (\n    1,\n)\n\n\n" * 20
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert exc.nearest is None and exc.nearest_score == 0.0
+    assert "no place in the source resembles its old side" in str(exc)
+    assert "closest fit" not in str(exc)
+    # Where three of its four telling lines are (two lines lower), it gets one.
+    source = head(2) + old.replace("compute(", "other(")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    assert (info.value.nearest, info.value.nearest_score) == (4 + 2, 0.75)
+
+
+def test_every_failing_hunk_is_named_up_to_a_cap() -> None:
+    old = numbered(200)
+    lines = [20 * i + 10 for i in range(9)]  # 9 hunks, far apart
+    new = old
+    for n in lines:
+        new = new.replace(f"line {n}\n", f"changed {n}\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    assert len(f.hunks) == 9
+    source = old.replace("line 11\n", "x\n").replace("line 51\n", "y\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert exc.hunk_count == 9 and [m.hunk_index for m in exc.failures] == [1, 3]
+    message = str(exc)
+    assert message.startswith("pkg/m.py: 2 of 9 hunks do not apply: hunk #1 ")
+    assert "; hunk #3 '@@ -47,7 +47,7 @@' does not apply" in message and "\n" not in message
+    # Seven failing hunks: five are named, the rest counted.
+    for n in lines[:7]:
+        source = source.replace(f"line {n + 1}\n", "z\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    assert [m.hunk_index for m in info.value.failures] == [1, 2, 3, 4, 5, 6, 7]
+    message = str(info.value)
+    assert "hunk #5 " in message and "hunk #6 " not in message
+    assert "; and 2 more ('importpatch check' lists all)" in message
+    again = pickle.loads(pickle.dumps(info.value))
+    assert str(again) == message and len(again.others) == 6
+
+
+# -------------------------------------------------------------- placement as git and patch do
+
+
+def test_hunk_at_line_1_is_anchored_to_the_start_of_the_file() -> None:
+    old = "import os\nimport sys\n\n\ndef f():\n    pass\n"
+    f = only_file(make_diff(old, "import re\n" + old, "m.py"))
+    assert f.hunks[0].old_start == 1 and f.hunks[0].leading == 0
+    # Upstream added a first line: git apply and GNU patch refuse the insertion; it must not
+    # land below the new line.
+    with pytest.raises(HunkMismatch) as info:
+        apply("# SPDX-License-Identifier: Apache-2.0\n" + old, f)
+    exc = info.value
+    assert (exc.kind, exc.line, exc.fit) == ("anchored", 1, 2)
+    assert "must match at the start of the file" in str(exc)
+    assert apply(old, f) == "import re\n" + old
+
+
+def test_hunk_without_trailing_context_is_anchored_to_the_end_of_the_file() -> None:
+    old = numbered(10)
+    f = only_file(make_diff(old, old + "appended = True\n", "m.py"))
+    assert f.hunks[0].trailing == 0
+    # Upstream appended code: the addition must not land before it.
+    with pytest.raises(HunkMismatch) as info:
+        apply(old + "newer = 1\n", f)
+    exc = info.value
+    assert (exc.kind, exc.expected, exc.line, exc.actual) == (
+        "anchored", "<end of file>", 11, "newer = 1")
+    assert "must end at the end of the file" in str(exc)
+
+
+def test_hunk_that_changes_nothing_is_malformed() -> None:
+    with pytest.raises(DiffError) as info:
+        parse("--- a/m.py\n+++ b/m.py\n@@ -1,2 +1,2 @@\n a\n b\n")
+    assert info.value.lineno == 3 and "changes nothing" in str(info.value)
+
+
+# ------------------------------------------------------------------------ already applied
+
+
+def test_a_diff_whose_every_hunk_is_already_there_is_recognised() -> None:
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\nfifty-one\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    with pytest.raises(HunkMismatch) as info:
+        apply(numbered(5, start=100) + new, f)  # upstream, and moved by 5 lines
+    exc = info.value
+    assert exc.all_applied and [m.kind for m in exc.failures] == ["already-applied"] * 2
+    assert [m.fit for m in exc.failures] == [12, 52]
+    assert exc.message("pkg 2.0").startswith(
+        "pkg/m.py: already applied in this version (pkg 2.0) — remove the patch or bound its "
+        "Requires")
+
+
+def test_a_partly_applied_diff_says_which_hunks_are_upstream() -> None:
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    source = old.replace("line 10\n", "ten\n").replace("line 49\n", "forty-nine\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert not exc.all_applied
+    assert [(m.hunk_index, m.kind) for m in exc.failures] == [
+        (1, "already-applied"), (2, "mismatch")]
+    message = exc.message("pkg 2.0")
+    assert "hunk #1 '@@ -7,7 +7,7 @@' is already applied: its new side is at line 7" in message
+    assert "hunk(s) #1 already applied in this version (pkg 2.0) and the others not" in message
+
+
 # ------------------------------------------------------------------- unsupported and malformed
 
 
