@@ -2,8 +2,9 @@
 
 The diffs are made in a checkout of a target package and applied, in memory, to
 the text of the installed module, so this module is deliberately strict: a hunk
-either fits exactly (every context and removed line equal) at or near its
-stated position, or applying fails with an explanation.  There is no fuzz.
+either fits exactly (every context and removed line equal) where ``git apply``
+would put it, at or near its stated position, or applying fails with an
+explanation of every failing hunk (see "applying" below).  There is no fuzz.
 
 Line model (shared by the parser and the applier, which is what makes them agree):
 
@@ -326,6 +327,13 @@ class ParsedDiff:
 
 
 # --------------------------------------------------------------------------- parsing
+#
+# Hand-written, not unidiff (PyPI; measured with scripts/unidiff_eval.py, unidiff 1.0.1): on 400
+# real vLLM diffs both recover the same lines, but unidiff keeps git's quoted non-ASCII paths
+# quoted and octal-escaped (a wrong module name), returns a file with no hunks for a malformed
+# '@@' line and drops the lines past a hunk's stated length (a patch that silently does less),
+# reports errors without a line number, needs its own checks to refuse creations, renames and
+# binaries, does not return the preamble our headers live in, and parses 2.1x slower.
 
 # ASCII digits only: \d would also accept e.g. Arabic-Indic digits, which int() takes.
 # The digit count is bounded so int() never hits its str-conversion limit.
