@@ -100,7 +100,7 @@ def sides_theirs(text: str) -> list[tuple[list[str], list[str], bool, bool]]:
             old = [ln.value.rstrip("\n") for ln in lines if ln.is_context or ln.is_removed]
             new = [ln.value.rstrip("\n") for ln in lines if ln.is_context or ln.is_added]
             old_nl = new_nl = False
-            for prev, ln in zip(lines, lines[1:]):
+            for prev, ln in zip(lines, lines[1:], strict=False):
                 if ln.line_type == "\\":
                     old_nl = old_nl or prev.is_context or prev.is_removed
                     new_nl = new_nl or prev.is_context or prev.is_added
