@@ -13,6 +13,10 @@ through the engine, ``git apply`` and ``patch -F0``, and the outcomes are tallie
     python scripts/diff_corpus.py --synthetic          # the generated history, no mirror needed
     python scripts/diff_corpus.py MIRROR --floor --k 30 --k 100 --k 300 --k 1000 --limit 400
 
+``--mutate N`` damages each case's diff N times (a line dropped, doubled or swapped with the
+next, a character of a line changed, a number of a hunk header changed) and applies the result
+to the file's three versions: parse and apply may only refuse with DiffError or HunkMismatch.
+
 ``--floor`` measures the "closest fit" the engine offers for a hunk that does not apply to the
 older file: is it where the hunk's lines went (within 2 lines, by difflib's alignment of the two
 files), at each candidate floor of ``diffs.NEAREST_FLOOR``? That is how the floor was chosen.
@@ -27,6 +31,7 @@ import argparse
 import collections
 import dataclasses
 import difflib
+import re
 import os
 import shutil
 import subprocess
@@ -162,6 +167,59 @@ def floor_table(rows: list[tuple[float, bool]]) -> list[str]:
     return lines
 
 
+def mutations(diff: str, count: int, seed: int) -> list[str]:
+    """``count`` damaged copies of ``diff`` (see the docstring)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = diff.split("\n")
+    out = []
+    for _ in range(count):
+        copy = list(lines)
+        i = rng.randrange(len(copy))
+        how = rng.randrange(5)
+        if how == 0:
+            del copy[i]
+        elif how == 1:
+            copy.insert(i, copy[i])
+        elif how == 2 and i + 1 < len(copy):
+            copy[i], copy[i + 1] = copy[i + 1], copy[i]
+        elif how == 3 and copy[i]:
+            j = rng.randrange(len(copy[i]))
+            copy[i] = copy[i][:j] + rng.choice(" -+@\\\t0x") + copy[i][j + 1:]
+        else:
+            headers = [k for k, line in enumerate(copy) if line.startswith("@@ ")]
+            if headers:
+                k = rng.choice(headers)
+                copy[k] = re.sub(r"\d+", lambda m: str(int(m.group()) + rng.randint(-3, 3)),
+                                 copy[k], count=rng.randint(1, 4))
+        out.append("\n".join(copy))
+    return out
+
+
+def mutate_case(case: vllm_history.Case, count: int, seed: int) -> collections.Counter[str]:
+    """Apply ``count`` damaged diffs to the case's files; any other exception propagates."""
+    seen: collections.Counter[str] = collections.Counter()
+    texts = [t for t in (case.base, case.older, case.newer) if t is not None]
+    for diff in mutations(case.diff, count, seed):
+        try:
+            files = diffs.parse(diff).files
+        except diffs.DiffError:
+            seen["malformed"] += 1
+            continue
+        for fp in files:
+            for text in texts:
+                try:
+                    diffs.apply(text, fp)
+                    seen["applies"] += 1
+                except diffs.HunkMismatch as exc:
+                    assert str(exc) and exc.failures
+                    seen["does not apply"] += 1
+                except diffs.DiffError:
+                    seen["refused (no context)"] += 1
+    return seen
+
+
 def tally(outcomes: list[Outcome]) -> dict[str, collections.Counter[str]]:
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for o in outcomes:
@@ -199,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="vllm/")
     parser.add_argument("--synthetic", action="store_true", help="use a generated history")
     parser.add_argument("--show", type=int, default=3, help="examples to print per finding")
+    parser.add_argument("--mutate", type=int, default=0, metavar="N",
+                        help="damage each diff N times; only DiffError/HunkMismatch may come out")
     parser.add_argument("--floor", action="store_true",
                         help="measure the closest-fit floor instead (see the docstring)")
     args = parser.parse_args(argv)
@@ -215,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
                     for case in vllm_history.cases(mirror, k, args.limit, args.seed, paths)
                     for row in nearest_quality(case)]
             print("\n".join(floor_table(rows)))
+            return 0
+        if args.mutate:
+            seen: collections.Counter[str] = collections.Counter()
+            for n, case in enumerate(vllm_history.cases(mirror, (args.k or [5])[0], args.limit,
+                                                        args.seed, paths)):
+                seen += mutate_case(case, args.mutate, args.seed + n)
+            print(f"{sum(seen.values())} applications of damaged diffs, no other exception: "
+                  + ", ".join(f"{v} {k}" for k, v in sorted(seen.items())))
             return 0
         for k in args.k or [5, 30]:
             outcomes: list[Outcome] = []
