@@ -31,8 +31,8 @@ import argparse
 import collections
 import dataclasses
 import difflib
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,7 +107,11 @@ def engine_apply(text: str, diff: str) -> tuple[str | None, str, str]:
         (fp,) = diffs.parse(diff).files
         return diffs.apply(text, fp), "", ""
     except diffs.HunkMismatch as exc:
-        return None, getattr(exc, "kind", "mismatch"), str(exc)
+        if exc.all_applied:
+            return None, "already-applied", str(exc)
+        if any(f.kind == diffs.ALREADY_APPLIED for f in exc.failures):
+            return None, "partly already-applied", str(exc)
+        return None, exc.kind, str(exc)
     except diffs.DiffError as exc:
         return None, "diff-error", str(exc)
 
