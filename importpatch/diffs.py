@@ -865,6 +865,23 @@ def _explain(
     return mismatch(MISMATCH, expected, line, actual, "", None, nearest, score), -1, 0
 
 
+def _reverse_places(src: _Source, patch: FilePatch, max_offset: int) -> list[int] | None:
+    """Where each hunk's new side is, placing the reversed diff as apply places a diff; None
+    when it does not apply whole."""
+    places: list[int] = []
+    done = delta = 0
+    for hunk in patch.hunks:
+        reverse = hunk.reversed()
+        stated = _old_range_start(reverse) + delta
+        pos = src.place(reverse, stated, done, max_offset, patch.unidiff_zero)
+        if pos < 0 or not reverse.old_lines:
+            return None
+        places.append(pos)
+        delta = pos - _old_range_start(reverse)
+        done = pos + reverse.old_len
+    return places
+
+
 def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> str:
     """Return ``source`` with ``patch`` applied, or raise ``HunkMismatch`` (or ``DiffError``
     for a hunk without context, see ``require_context``).
@@ -902,6 +919,19 @@ def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> st
             done = back + length
     if failures:
         count = len(patch.hunks)
+        if any(f.kind == ALREADY_APPLIED for f in failures):
+            # A hunk can fit both ways (its old and new sides both occur): if the whole reversed
+            # diff applies, as git apply -R would do it, every hunk is already there.
+            places = _reverse_places(src, patch, max_offset)
+            if places is not None:
+                failures = [
+                    HunkMismatch(
+                        patch.path, i, h.header, (h.old_lines or [""])[0], pos + 1,
+                        src.keys[pos] if pos < n else None, None, 0.0, "", max_offset,
+                        ALREADY_APPLIED, pos + 1,
+                    )  # fmt: skip
+                    for i, (h, pos) in enumerate(zip(patch.hunks, places, strict=True), 1)
+                ]
         first, *others = (f.in_file((), count) for f in failures)
         raise first.in_file(tuple(others), count)
 

@@ -588,6 +588,20 @@ def test_a_diff_whose_every_hunk_is_already_there_is_recognised() -> None:
         "Requires")
 
 
+def test_already_applied_when_the_reversed_diff_applies_though_a_hunk_fits_elsewhere() -> None:
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    # Upstream has the change, and also a copy of hunk 1's old lines further down, where hunk 1
+    # alone would fit; git apply -R takes the whole diff back out, so it is all upstream.
+    copy = "".join(f"line {i}\n" for i in range(7, 14))
+    source = new.replace("line 30\n", "line 30\n" + copy)
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert exc.all_applied and [m.fit for m in exc.failures] == [7, 54]
+
+
 def test_a_partly_applied_diff_says_which_hunks_are_upstream() -> None:
     old = numbered(60)
     new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
