@@ -65,6 +65,7 @@ class Outcome:
     patch: str | None
     why: str = ""  # the engine's refusal kind
     message: str = ""
+    git_reverse: bool = False  # the engine refuses and git apply -R takes the diff back out
 
 
 class Tools:
@@ -125,7 +126,8 @@ def compare(case: vllm_history.Case, tools: Tools) -> list[Outcome]:
         result, why, message = engine_apply(text, case.diff)
         git = tools.git_apply(text, case.diff, case.path)
         gnu = tools.gnu_patch(text, case.diff, case.path)
-        out.append(Outcome(case.commit, case.path, name, result, git, gnu, why, message))
+        back = result is None and tools.git_apply(text, case.diff, case.path, "-R") is not None
+        out.append(Outcome(case.commit, case.path, name, result, git, gnu, why, message, back))
     return out
 
 
@@ -249,6 +251,10 @@ def tally(outcomes: list[Outcome]) -> dict[str, collections.Counter[str]]:
             row[f"engine refuses ({o.why}), {'git' if g else 'patch'} applies"] += 1
         if not e:
             row[f"engine refusal: {o.why}"] += 1
+        if o.git_reverse:
+            row["git apply -R applies (the change is there)"] += 1
+        if o.git_reverse != (o.why == "already-applied"):
+            row["DISAGREE with git apply -R on already-applied"] += 1
     return counts
 
 

@@ -57,8 +57,10 @@ def test_history_cases_are_single_file_commits_of_the_first_parent_chain(synthet
     chain = git(synthetic, "rev-list", "--first-parent", "--reverse", "HEAD").split()
     merges = set(git(synthetic, "rev-list", "--merges", "HEAD").split())
     side = set(git(synthetic, "rev-list", "HEAD").split()) - set(chain)
-    cases = list(vllm_history.cases(synthetic, k=4, limit=1000, paths="pkg/"))
-    assert len(cases) > 100 and merges and side  # merges and side commits to skip
+    every = list(vllm_history.cases(synthetic, k=4, limit=1000, paths="pkg/"))
+    assert len(every) == len(vllm_history.eligible(synthetic, "pkg/")) > 150
+    assert merges and side  # the history has merges and side commits to skip
+    cases = every[:60]  # checked one by one with git below
     for case in cases:
         assert case.commit in chain and case.commit not in merges and case.commit not in side
         i = chain.index(case.commit)
@@ -78,7 +80,7 @@ def test_history_cases_are_single_file_commits_of_the_first_parent_chain(synthet
         if i + 4 < len(chain) and case.newer is not None:
             assert case.newer == git(synthetic, "show", f"{chain[i + 4]}:{case.path}")
     # Not-present files are None, not errors: new files make such cases.
-    assert any(c.older is None for c in cases)
+    assert any(c.older is None for c in every)
     again = [c.commit for c in vllm_history.cases(synthetic, 4, 20, seed=0, paths="pkg/")]
     assert again == [c.commit for c in cases[:20]]
     other = [c.commit for c in vllm_history.cases(synthetic, 4, 20, seed=1, paths="pkg/")]
@@ -113,26 +115,30 @@ def check_corpus(cases: list[vllm_history.Case], tools: diff_corpus.Tools) -> di
                 count(f"engine refuses: {o.why}")
                 if o.git is not None:
                     count("git applies, engine refuses")
-            text = getattr(case, o.target)
-            if o.engine is None and tools.git_apply(text, case.diff, case.path, "-R") is not None:
-                # git can take the change back out: the whole diff is already there.
-                (fp,) = diffs.parse(case.diff).files
-                with pytest.raises(diffs.HunkMismatch) as info:
-                    diffs.apply(text, fp)
-                assert info.value.all_applied, f"{where}: {info.value}"
+            # "Already applied" exactly when git can take the change back out (git apply -R),
+            # but for the engine's window: git searches the whole file.
+            if o.why == "already-applied":
+                assert o.git_reverse, f"{where}: git apply -R refuses: {o.message}"
                 count("already applied (git apply -R agrees)")
+            elif o.git_reverse:
+                (fp,) = diffs.parse(case.diff).files
+                unbounded = dataclasses.replace(fp, max_offset=10**9)
+                with pytest.raises(diffs.HunkMismatch) as info:
+                    diffs.apply(getattr(case, o.target), unbounded)
+                assert info.value.all_applied, f"{where}: {o.message}"
+                count("already applied, beyond the window")
     return counts
 
 
 def test_generated_history_corpus(synthetic: str, tools: diff_corpus.Tools) -> None:
-    cases = [c for k in (3, 20) for c in vllm_history.cases(synthetic, k, 60, paths="pkg/")]
+    cases = [c for k in (3, 20) for c in vllm_history.cases(synthetic, k, 40, paths="pkg/")]
     counts = check_corpus(cases, tools)
     # The generated edits move, duplicate and anchor code: every kind of outcome shows up.
-    assert counts["engine and git apply agree"] > 150, counts
-    assert counts["already applied (git apply -R agrees)"] > 20, counts
+    assert counts["engine and git apply agree"] > 100, counts
+    assert counts["already applied (git apply -R agrees)"] > 15, counts
     assert counts.get("engine refuses: anchored", 0) > 0, counts
     if HAS_PATCH:
-        assert counts["engine and GNU patch agree"] > 150, counts
+        assert counts["engine and GNU patch agree"] > 100, counts
 
 
 @pytest.mark.slow
