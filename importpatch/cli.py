@@ -260,8 +260,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         path = check.module_path(module, file)
         text = source.text(file)
         row: dict[str, Any] = {"module": module, "file": file, "path": path}
+        top = module.partition(".")[0]
+        version = f"{top} {source.version(top) or 'version unknown'}"  # of --against, if given
         try:
-            row["diff"] = _make_diff(text, transforms.patch_text(module, file, text, ops), path)
+            patched = transforms.patch_text(module, file, text, ops, version=version)
+            row["diff"] = _make_diff(text, patched, path)
             row["error"] = None
         except PatchError as exc:
             row["diff"], row["error"] = "", exc.what
