@@ -29,13 +29,17 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                      "dists": [{"name", "version"}]},
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
                       "requires": [str], "requirement_ok": bool, "requirement",
-                      "status": "ok"|"fail"|"skip"|"absent", "problems": [str], "failing": bool,
-                      "ops": [{"kind", "target", "status": "ok"|"fail"|"warn"|"absent", "detail",
+                      "status": "ok"|"fail"|"skip"|"absent"|"already-applied",
+                      "on_error": "fail"|"warn"|null, "problems": [str], "failing": bool,
+                      "ops": [{"kind", "target",
+                               "status": "ok"|"fail"|"warn"|"absent"|"already-applied", "detail",
                                "module": str|null, "file": str|null,
                                "candidates": [{"module", "exists": bool}],
                                "hunks": null | [{"index", "header", "applied": bool,
                                                  "expected", "line", "actual", "nearest",
-                                                 "nearest_score", "detail"}],
+                                                 "nearest_score", "detail",
+                                                 "verdict": "applies"|"fails"|"already-applied",
+                                                 "kind": str|null, "fit": int|null}],
                                "symbol": null | {"qualname", "found": bool, "kind", "line"}}]}],
          "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
          "exit_status": 0|1}
@@ -93,9 +97,9 @@ class Style:
         return f"\033[{code}m{text}\033[0m" if self.on else text
 
     def status(self, status: str, word: str | None = None) -> str:
-        word = word or {"fail": "FAIL"}.get(status, status)
+        word = word or {"fail": "FAIL", "already-applied": "ALREADY-APPLIED"}.get(status, status)
         code = {"ok": "32", "on": "32", "applied": "32", "fail": "31;1", "failed": "31;1",
-                "skip": "33", "skipped": "33", "warn": "33"}.get(status)
+                "already-applied": "31;1", "skip": "33", "skipped": "33", "warn": "33"}.get(status)
         return self._paint(code, word) if code else word
 
     def bold(self, text: str) -> str:
@@ -225,6 +229,10 @@ def check_lines(p: Any, style: Style) -> list[str]:
         req = "; ".join(p.requires)
         lines.append(f"    {'version':10}{verdict:5} {req}: {_reason(p.requirement, req)}")
     lines += [f"    {style.status('fail', 'problem')}   {problem}" for problem in p.problems]
+    if p.status == "already-applied":
+        then = ("skips it (on_error=warn)" if p.on_error == "warn"
+                else "fails the import of its target")
+        lines.append(f"    {'upstream':16}the change is in this version; the import hook {then}")
     for op in p.ops:
         lines.append(f"    {op.kind:10}{style.status(op.status):5} {op.target}")
         pad = " " * 20
@@ -234,17 +242,8 @@ def check_lines(p: Any, style: Style) -> list[str]:
         if op.detail:
             lines.append(f"{pad}{op.detail}")
         for h in op.hunks or ():
-            if h.applied:
-                continue
-            found = "end of file" if h.actual is None else repr(h.actual)
-            text = f"{pad}hunk #{h.index} {h.header.split('@@')[1].strip()}: "
-            if h.expected:
-                text += f"line {h.line} expected {h.expected!r}, found {found}"
-            else:
-                text += f"cannot be placed before line {h.line}"
-            if h.nearest is not None:
-                text += f"; nearest fit at line {h.nearest} ({h.nearest_score:.0%} of its lines)"
-            lines.append(text)
+            if not h.applied:  # the words are diffs.HunkMismatch.describe()'s, as at import
+                lines.append(f"{pad}hunk #{h.index} {h.header.split('@@')[1].strip()} {h.detail}")
     if p.suggestion:
         lines.append(f"    {'hint':10}      {p.suggestion}")
     return lines
@@ -278,8 +277,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         path = check.module_path(module, file)
         text = source.text(file)
         row: dict[str, Any] = {"module": module, "file": file, "path": path}
+        top = module.partition(".")[0]
+        version = f"{top} {source.version(top) or 'version unknown'}"  # of --against, if given
         try:
-            row["diff"] = _make_diff(text, transforms.patch_text(module, file, text, ops), path)
+            patched = transforms.patch_text(module, file, text, ops, version=version)
+            row["diff"] = _make_diff(text, patched, path)
             row["error"] = None
         except PatchError as exc:
             row["diff"], row["error"] = "", exc.what

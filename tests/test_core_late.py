@@ -41,10 +41,11 @@ PATCHES = {
     "ld.diff": '''\
         --- a/lpk/m.py
         +++ b/lpk/m.py
-        @@ -1,2 +1,2 @@
+        @@ -2,3 +2,3 @@
          def f():
         -    return "orig"
         +    return "diffed"
+
         ''',
 }
 NO_VARS = {"IMPORTPATCH_PATH": None}
