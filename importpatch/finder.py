@@ -237,7 +237,7 @@ class PatchLoader:
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
-        cached = bytecache.load(cache_root, key, text) if use_cache else None
+        cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
         if cached is not None:
             code, unseen, patched = cached
             if patched != text:
