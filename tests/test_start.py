@@ -211,21 +211,21 @@ def test_in_place_and_editable_edits_to_default_on_are_seen_by_processes_list_an
     venv.pip("install", "-q", "--disable-pip-version-check", "-e", str(checkout))
     read = "import acme_t, beta_t; print(acme_t.f(), beta_t.f())"
 
-    def state() -> tuple[list[str], list[str], list[str]]:
-        proc = venv.run(read)
-        assert proc.returncode == 0, proc.stderr
+    def agree(values: list[str], on: list[str]) -> None:
+        proc = venv.run(read)  # a real process first, then `list` and `doctor`
+        assert proc.returncode == 0 and proc.stdout.split() == values, proc.stderr
         listed = json.loads(venv.run(["-m", "importpatch", "list", "--json"]).stdout)
+        assert sorted(p["name"] for p in listed["patches"] if p["enabled"]) == on
         doctor = json.loads(venv.run(["-m", "importpatch", "doctor", "--json"]).stdout)
-        on = sorted(p["name"] for p in listed["patches"] if p["enabled"])
-        return proc.stdout.split(), on, doctor["default_on"]
+        assert doctor["default_on"] == on
 
-    assert state() == (["original", "original"], [], [])
+    agree(["original", "original"], [])
     acme = venv.site_packages / "acme.py"
     acme.write_text(acme.read_text().replace("default=False", "default=True "))  # same size
-    assert state() == (["patched", "original"], ["acme"], ["acme"])
+    agree(["patched", "original"], ["acme"])
     beta = checkout / "src" / "beta.py"
     beta.write_text(beta.read_text().replace("default=False", "default=True "))
-    assert state() == (["patched", "patched"], ["acme", "beta"], ["acme", "beta"])
+    agree(["patched", "patched"], ["acme", "beta"])
 
 
 def test_patch_package_installed_in_the_user_site_later_is_seen(
@@ -402,3 +402,28 @@ def test_python_dash_B_still_uses_and_writes_the_cache(lab: Lab) -> None:
     lab.ok("import tpkg.other", enable="bump", flags=["-B"])
     assert len(cache_entries(lab.cache)) == 1
 
+
+
+# -- start-up cost: the .pth line runs compiled code, once per process --------------------------
+
+
+def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
+    venv_factory: Callable[..., Venv], built_wheel: Path
+) -> None:
+    venv = venv_factory("--no-compile", str(built_wheel), name="no-compile")  # as uv installs
+    pycache = venv.site_packages / "importpatch" / "__pycache__"
+    assert not list(pycache.glob("_pth.*.pyc"))
+    (venv.site_packages / "zzz_count.pth").write_text(
+        "import sys; sys.__dict__.setdefault('zzz_runs', []).append(1)\n")
+    code = ("import sys; print(len(sys.zzz_runs), sorted(m for m in sys.modules "
+            "if m.startswith('importpatch')))")
+    first = venv.run(code)  # no .pyc: the line imports importpatch._pth (which writes it)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    runs = first.stdout.split()[0]
+    assert runs == "2"  # a venv processes its site folder twice: other .pth files still run twice
+    assert list(pycache.glob("_pth.*.pyc"))
+    again = venv.run(code)  # compiled code, stamp present: nothing of the package is imported
+    assert again.returncode == 0 and again.stdout.split() == ["2", "[]"], again.stderr
+    hooked = venv.run("import sys, importpatch._boot as b; print(len(sys.zzz_runs), b._started)",
+                      env={"IMPORTPATCH_LOG": "1"})
+    assert hooked.stdout.split() == ["2", "True"], hooked.stderr
