@@ -9,6 +9,7 @@ file. Without a ``.pyc`` (``pip install --no-compile``, uv) the line imports thi
 which writes the ``.pyc`` where it can.
 
 What it checks, in order (the common case ends at the stamp: nothing imported):
+0. ``IMPORTPATCH_OFF`` set to an "on" value: nothing at all (the kill switch loads nothing);
 1. no environment variable whose name contains ``PATCH`` (every ``IMPORTPATCH_*``,
    ``VLLM_IMPORTPATCH_*`` and ``VLLM_CUSTOM_PATCHES``): one C-level join of the names;
 2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime of the site folder>-<length of
@@ -43,6 +44,11 @@ def _check(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-ar
 
         site["addpackage"] = _addpackage_once
     environ = os.environ
+    off = environ.get("IMPORTPATCH_OFF")  # the kill switch loads nothing (rule of config.get)
+    if off is None:
+        off = environ.get("VLLM_IMPORTPATCH_OFF")
+    if off is not None and off.strip().lower() in ("1", "true", "yes", "on"):
+        return
     data = getattr(environ, "_data", None)  # POSIX: the bytes names, joined in C
     names = b" ".join(data) if data and isinstance(next(iter(data)), bytes) else (
         " ".join(environ).encode("utf-8", "surrogateescape"))

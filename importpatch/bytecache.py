@@ -256,7 +256,7 @@ def op_fingerprint(op: Op) -> bytes | None:
 
 def producers_hash() -> bytes:
     """A hash of the source of the modules in PRODUCERS, computed once per process and kept in
-    ``<root>/code/producers`` keyed by their stat signature (so a process reads 7 stats and one
+    ``<root>/catalog/producers`` keyed by their stat signature (so a process reads 7 stats and one
     small file, not ~200 KB of source)."""
     global _producers
     if _producers is not None:
@@ -271,7 +271,7 @@ def producers_hash() -> bytes:
         except OSError:
             sig.append((-1, -1, -1))
     root = usable_root()
-    memo = folder(root, "code", "producers") if root else None
+    memo = folder(root, "catalog", "producers") if root else None
     if memo is not None:
         data = read_owned(memo)
         try:

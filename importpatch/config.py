@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Every variable the project reads, in one place (the README and `importpatch doctor` list them).
 ENABLE = "IMPORTPATCH_ENABLE"  # comma/space separated patch names, or "all"
-DISABLE = "IMPORTPATCH_DISABLE"  # names to switch off (or "all"), wins over ENABLE and defaults
+DISABLE = "IMPORTPATCH_DISABLE"  # names to switch off, wins over ENABLE and defaults
 OFF = "IMPORTPATCH_OFF"  # global kill switch (a switch: see SWITCH_VALUES)
 PATH = "IMPORTPATCH_PATH"  # os.pathsep separated folders of .py / .diff / .patch declarations
 LOG = "IMPORTPATCH_LOG"  # switch: one line per event on stderr
@@ -83,8 +83,8 @@ def is_truthy(value: str | None) -> bool:
 class Toggles:
     """The parsed switches. ``problems`` lists what could not be understood."""
 
-    __slots__ = ("enable", "enable_all", "disable", "disable_all", "off", "path", "log",
-                 "events_dir", "problems")
+    __slots__ = ("enable", "enable_all", "disable", "off", "path", "log", "events_dir",
+                 "problems")
 
     def __init__(
         self,
@@ -96,12 +96,10 @@ class Toggles:
         log: bool = False,
         events_dir: str | None = None,
         problems: tuple[str, ...] = (),
-        disable_all: bool = False,
     ) -> None:
         self.enable = enable
         self.enable_all = enable_all
         self.disable = disable
-        self.disable_all = disable_all
         self.off = off
         self.path = path
         self.log = log
@@ -114,8 +112,6 @@ class Toggles:
             return False, f"{OFF} is set"
         if name in self.disable:
             return False, f"named in {DISABLE}"
-        if self.disable_all:
-            return False, f"{DISABLE}=all"
         if name in self.enable:
             return True, f"named in {ENABLE}"
         if self.enable_all:
@@ -157,8 +153,6 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
     enable_all = "all" in enable
     enable.discard("all")
     disable = _names(get(env, DISABLE) or "", DISABLE, problems)
-    disable_all = "all" in disable
-    disable.discard("all")
     off = flag(env, OFF)
     path = tuple(p for p in (get(env, PATH) or "").split(os.pathsep) if p.strip())
     for p in path:
@@ -171,7 +165,6 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
         enable=frozenset(enable),
         enable_all=enable_all,
         disable=frozenset(disable),
-        disable_all=disable_all,
         off=off,
         path=path,
         log=flag(env, LOG),
