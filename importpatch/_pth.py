@@ -24,42 +24,41 @@ import sys
 
 
 def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
-    try:  # noqa: SIM105 (no contextlib import at start-up)
-        _check(sitedir, name, site)
+    # Executed from the .pyc, this function's globals are site's: it names no global of its own
+    # module (site has os and sys), and it never raises.
+    try:
+        add = site.get("addpackage")
+        if add is not None and getattr(add, "__name__", "") != "_addpackage_once":
+            # site processes a venv's site folder twice (venv() and main() both add it): the
+            # second pass skips this file only; every other .pth file goes through as before.
+            def _addpackage_once(
+                sitedir: str, pth: str, known_paths: object, _add: object = add,
+                _ours: str = name,
+            ) -> object:
+                if pth == _ours:
+                    return None
+                return _add(sitedir, pth, known_paths)  # type: ignore[operator]
+
+            site["addpackage"] = _addpackage_once
+        environ = os.environ
+        off = environ.get("IMPORTPATCH_OFF")  # the kill switch loads nothing (config.get's rule)
+        if off is None:
+            off = environ.get("VLLM_IMPORTPATCH_OFF")
+        if off is not None and off.strip().lower() in ("1", "true", "yes", "on"):
+            return
+        data = getattr(environ, "_data", None)  # POSIX: the bytes names, joined in C
+        names = b" ".join(data) if data and isinstance(next(iter(data)), bytes) else (
+            " ".join(environ).encode("utf-8", "surrogateescape"))
+        if b"PATCH" not in names:
+            cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+            stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
+            if os.path.exists(stamp):
+                return
+        import importpatch._boot
+
+        importpatch._boot.start(sitedir)
     except Exception:
         pass
-
-
-def _check(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
-    add = site.get("addpackage")
-    if add is not None and getattr(add, "__name__", "") != "_addpackage_once":
-        # site processes a venv's site folder twice (venv() and main() both add it): the second
-        # pass skips this file only; every other .pth file goes through as before.
-        def _addpackage_once(
-            sitedir: str, pth: str, known_paths: object, _add: object = add, _ours: str = name
-        ) -> object:
-            if pth == _ours:
-                return None
-            return _add(sitedir, pth, known_paths)  # type: ignore[operator]
-
-        site["addpackage"] = _addpackage_once
-    environ = os.environ
-    off = environ.get("IMPORTPATCH_OFF")  # the kill switch loads nothing (rule of config.get)
-    if off is None:
-        off = environ.get("VLLM_IMPORTPATCH_OFF")
-    if off is not None and off.strip().lower() in ("1", "true", "yes", "on"):
-        return
-    data = getattr(environ, "_data", None)  # POSIX: the bytes names, joined in C
-    names = b" ".join(data) if data and isinstance(next(iter(data)), bytes) else (
-        " ".join(environ).encode("utf-8", "surrogateescape"))
-    if b"PATCH" not in names:
-        cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
-        if os.path.exists(stamp):
-            return
-    import importpatch._boot
-
-    importpatch._boot.start(sitedir)
 
 
 if __name__ != "importpatch._pth":  # executed by the .pth line: site's globals, its locals
