@@ -222,6 +222,8 @@ def load_index(toggles: config.Toggles) -> Index:
     # target loaded unpatched while declarations ran is dropped, so its import fails closed.
     _loaded_files.clear()
     _ep_patches.clear()
+    for e in entries:
+        e._patch = None
     chosen = {m for e in entries if e.error and toggles.decide(e.name, bool(e.default))[0]
               for group in e.modules for m in group}
     for name in list(imported_by):

@@ -427,3 +427,38 @@ def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
     hooked = venv.run("import sys, importpatch._boot as b; print(len(sys.zzz_runs), b._started)",
                       env={"IMPORTPATCH_LOG": "1"})
     assert hooked.stdout.split() == ["2", "True"], hooked.stderr
+
+
+SLOW_DECLARATION = """\
+import os, time
+with open({counter!r}, "a") as f:
+    f.write("ran\\n")
+if os.environ.get("SLOW_DECLARATION"):
+    open({ready!r}, "w").close()
+    time.sleep(60)
+from importpatch import Patch
+Patch("slow").replace("tpkg.mod:f", lambda: "patched")
+"""
+
+
+def test_real_ctrl_c_during_discovery_stops_python_and_writes_nothing(lab: Lab) -> None:
+    # Decision (README): a KeyboardInterrupt *raised* by patch code is a broken declaration; a
+    # real Ctrl-C (SIGINT) while patch code runs stops the process as it would without
+    # importpatch, and the index is not written, so the next process runs discovery again.
+    import signal
+
+    counter, ready = lab.root / "executions", lab.root / "ready"
+    lab.patch({"slow.py": SLOW_DECLARATION.format(counter=str(counter), ready=str(ready))})
+    env = clean_env({**lab.env("slow"), "SLOW_DECLARATION": "1"})
+    child = subprocess.Popen([str(lab.venv.python), "-c", READ], env=env, cwd=lab.root,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert not list(lab.cache.glob("catalog/*.marshal"))
+    proc = lab.ok(READ, enable="slow")
+    assert proc.stdout.strip() == "patched"
+    assert counter.read_text().splitlines() == ["ran", "ran", "ran"]  # scan again, then at import
