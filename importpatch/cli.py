@@ -471,7 +471,11 @@ PEP829_PYTHON = (3, 18)  # from here on .pth import lines are ignored; the .star
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    pth_ran = "importpatch._boot" in sys.modules  # before anything here imports it
+    # The .pth line ran: it started the hook, or (nothing to do) its compiled check replaced
+    # site.addpackage; looked at before anything here imports _boot.
+    site_add = getattr(sys.modules.get("site"), "addpackage", None)
+    pth_ran = ("importpatch._boot" in sys.modules
+               or getattr(site_add, "__name__", "") == "_addpackage_once")
     from . import config, finder
 
     notes: list[str] = []
