@@ -35,8 +35,8 @@ Invariants:
   change that module would load unpatched. Such patches are broken (the message says what to
   change) in every process, and the cold process drops the module again so its next import fails
   closed as in every later process. The cold process also forgets the Patch objects it made while
-  scanning: like every warm process, it executes a declaration when a module it targets is
-  imported.
+  scanning from patch files: like every warm process, it executes a patch file when a module it
+  targets is imported.
 """
 
 from __future__ import annotations
@@ -220,10 +220,12 @@ def load_index(toggles: config.Toggles) -> Index:
         index.write(sig)
     # Like every warm process, execute a declaration (again) only when a target is imported; a
     # target loaded unpatched while declarations ran is dropped, so its import fails closed.
+    # (Entry points stay as they are: their modules are ordinary imported modules, which a warm
+    # process imports once too.)
     _loaded_files.clear()
-    _ep_patches.clear()
     for e in entries:
-        e._patch = None
+        if e.file:
+            e._patch = None
     chosen = {m for e in entries if e.error and toggles.decide(e.name, bool(e.default))[0]
               for group in e.modules for m in group}
     for name in list(imported_by):
