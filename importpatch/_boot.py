@@ -201,19 +201,6 @@ def stamp_path(root: str, mtime_ns: int, path_len: int) -> str:
     return os.path.join(root, "s", f"{mtime_ns}-{path_len}")
 
 
-def stamp_state() -> tuple[str | None, str]:
-    """For ``doctor``: the stamp this process's .pth line checked, and whether it is there."""
-    from . import config
-
-    if _pth is None:
-        return None, "the .pth line did not run the start-up hook here (stamp present, or -S)"
-    root = config.default_cache_root()[0]
-    if root is None:
-        return None, "no default cache folder"
-    path = stamp_path(root, _pth[1], _pth[2])
-    return path, "present" if os.path.exists(path) else "absent"
-
-
 def _write_stamp(index: Any, entries: list[Entry]) -> None:
     """Write the .pth line's stamp when its key covers everything (see the module docstring)."""
     from . import bytecache, catalog, config, sites
