@@ -279,12 +279,14 @@ def parse_header(preamble: str) -> dict[str, list[str]]:
     return header
 
 
-def patch_from_diff_file(path: str) -> Patch:
-    """A ``Patch`` from a ``.diff``/``.patch`` file; name defaults to the file's stem."""
+def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
+    """A ``Patch`` from a ``.diff``/``.patch`` file (or its ``text``, already read); name defaults
+    to the file's stem."""
     from . import diffs
 
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
+    if text is None:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
     try:
         parsed = diffs.parse(text)
     except diffs.DiffError as exc:
