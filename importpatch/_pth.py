@@ -10,8 +10,10 @@ which writes the ``.pyc`` where it can.
 
 What it checks, in order (the common case ends at the stamp: nothing imported):
 0. ``IMPORTPATCH_OFF`` set to an "on" value: nothing at all (the kill switch loads nothing);
-1. no environment variable whose name contains ``PATCH`` (every ``IMPORTPATCH_*``,
-   ``VLLM_IMPORTPATCH_*`` and ``VLLM_CUSTOM_PATCHES``): one C-level join of the names;
+1. no environment variable whose name contains ``IMPORTPATCH_`` (``IMPORTPATCH_*`` and
+   ``VLLM_IMPORTPATCH_*``) or is ``VLLM_CUSTOM_PATCHES``: one C-level join of the names and two
+   searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
+   cost a start-up more than the floor);
 2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime of the site folder>-<length of
    sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
    leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
@@ -49,7 +51,7 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
         data = getattr(environ, "_data", None)  # POSIX: the bytes names, joined in C
         names = b" ".join(data) if data and isinstance(next(iter(data)), bytes) else (
             " ".join(environ).encode("utf-8", "surrogateescape"))
-        if b"PATCH" not in names:
+        if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
             cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
             stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
             if os.path.exists(stamp):

@@ -31,8 +31,8 @@ NO_CACHE = "IMPORTPATCH_NO_CACHE"  # switch: never read or write the bytecode ca
 ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE)
 
 # The blog-style spelling (issue 15, importpatch.compat): a set VLLM_CUSTOM_PATCHES is a reason
-# to activate at start, like IMPORTPATCH_ENABLE. The .pth line notices it by the "PATCH" in its
-# name, as it notices every IMPORTPATCH_* variable.
+# to activate at start, like IMPORTPATCH_ENABLE. The .pth line looks for it by name, as it looks
+# for "IMPORTPATCH_" in every name (importpatch/_pth.py).
 CUSTOM_PATCHES = "VLLM_CUSTOM_PATCHES"
 
 # vLLM's Ray executor copies only VLLM_-prefixed variables (and a few others) to its workers

@@ -424,6 +424,9 @@ def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
     assert list(pycache.glob("_pth.*.pyc"))
     again = venv.run(code)  # compiled code, stamp present: nothing of the package is imported
     assert again.returncode == 0 and again.stdout.split() == ["2", "[]"], again.stderr
+    # Names that merely contain "PATCH" are not ours: still nothing of the package is imported.
+    lookalike = venv.run(code, env={"TORCH_DISPATCH_MODE": "1", "MY_PATCHES": "a"})
+    assert lookalike.returncode == 0 and lookalike.stdout.split() == ["2", "[]"], lookalike.stderr
     doctor = json.loads(venv.run(["-m", "importpatch", "doctor", "--json"]).stdout)
     assert doctor["pth_ran"] is True  # the line ran, and found nothing to do
     hooked = venv.run("import sys, importpatch._boot as b; print(len(sys.zzz_runs), b._started)",
