@@ -417,11 +417,15 @@ def store(
 # -- size and pruning (`importpatch cache`, `doctor`) ---------------------------------------------
 
 AREAS = ("code", "src", "catalog", "s")  # compiled modules, published text, indexes, stamps
+# Downloaded release artifacts (importpatch.releases: `rebase`, scripts/drift.py) live beside the
+# areas, in <root>/releases. Not an area: the size bound and `prune` never delete them (they are
+# not rebuilt, but downloaded again, hundreds of MB each); `importpatch cache` shows them apart.
+RELEASES = "releases"
 
 
-def _files(root: str) -> list[tuple[str, str, os.stat_result]]:
+def _files(root: str, areas: tuple[str, ...] = AREAS) -> list[tuple[str, str, os.stat_result]]:
     out = []
-    for area in AREAS:
+    for area in areas:
         for base, _, names in os.walk(os.path.join(root, area)):
             for name in names:
                 path = os.path.join(base, name)
@@ -438,6 +442,13 @@ def usage(root: str) -> dict[str, Any]:
         areas[area]["bytes"] += st.st_size
     return {"files": sum(a["files"] for a in areas.values()),
             "bytes": sum(a["bytes"] for a in areas.values()), "areas": areas}
+
+
+def releases_usage(root: str) -> dict[str, Any]:
+    """{"folder", "files", "bytes"} of the release artifacts under root (not in ``usage``)."""
+    files = _files(root, (RELEASES,))
+    return {"folder": os.path.join(root, RELEASES), "files": len(files),
+            "bytes": sum(st.st_size for _, _, st in files)}
 
 
 def prune(root: str, max_bytes: int | None = None, older_than_s: float | None = None

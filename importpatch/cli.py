@@ -69,6 +69,7 @@ doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null,
          "default_on": [str], "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
 cache:  {"root": str|null, "problem": str|null, "files", "bytes",
          "areas": {"code"|"src"|"catalog"|"s": {"files", "bytes"}}, "max_bytes",
+         "releases": {"folder", "files", "bytes"} (not in the totals),
          "removed": {"files", "bytes"} (prune and clear only)}
 """
 
@@ -773,9 +774,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     root, problem = bytecache.root_problem()
     if root is None:
         raise UsageError(problem or "no cache folder", "set IMPORTPATCH_CACHE_DIR")
+    if args.releases and args.action != "clear":
+        raise UsageError("--releases goes with clear", "importpatch cache clear --releases")
     removed = None
     if args.action == "clear":
         removed = bytecache.prune(root, max_bytes=0, older_than_s=0)
+        if args.releases:
+            removed = _remove_releases(root, removed)
     elif args.action == "prune":
         max_bytes = _size(args.max_size) if args.max_size else int(
             bytecache.MAX_BYTES * bytecache.PRUNE_TO)
@@ -784,7 +789,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     size = bytecache.usage(root) if os.path.isdir(root) else {
         "files": 0, "bytes": 0, "areas": {a: {"files": 0, "bytes": 0} for a in bytecache.AREAS}}
     out: dict[str, Any] = {"root": root, "problem": problem, **size,
-                           "max_bytes": bytecache.MAX_BYTES}
+                           "max_bytes": bytecache.MAX_BYTES,
+                           "releases": bytecache.releases_usage(root)}
     if removed is not None:
         out["removed"] = {"files": removed[0], "bytes": removed[1]}
     if args.json:
@@ -799,10 +805,26 @@ def cmd_cache(args: argparse.Namespace) -> int:
     lines.append(f"  {'total':24} {out['files']:6} files {_human(out['bytes'])} "
                  f"(pruned to {_human(int(bytecache.MAX_BYTES * bytecache.PRUNE_TO))} when "
                  f"it passes {_human(bytecache.MAX_BYTES)})")
+    kept = out["releases"]  # not in the total: the bound never deletes a download
+    lines.append(f"  {'releases (not pruned)':24} {kept['files']:6} files {_human(kept['bytes'])}"
+                 f"  {kept['folder']}")
     if removed is not None:
         lines.append(f"removed   {removed[0]} files, {_human(removed[1])}")
     emit(lines)
     return 0
+
+
+def _remove_releases(root: str, removed: tuple[int, int]) -> tuple[int, int]:
+    """Delete the release artifacts under root; ``removed`` plus what went."""
+    import shutil
+
+    from . import bytecache
+
+    before = bytecache.releases_usage(root)
+    shutil.rmtree(before["folder"], ignore_errors=True)
+    after = bytecache.releases_usage(root)  # what could not be removed stays counted
+    return (removed[0] + before["files"] - after["files"],
+            removed[1] + before["bytes"] - after["bytes"])
 
 
 def _size(text: str) -> int:
@@ -865,6 +887,8 @@ def parser() -> argparse.ArgumentParser:
                    help="prune: keep at most SIZE (e.g. 100M; default: 3/4 of the bound)")
     k.add_argument("--older-than", metavar="DAYS", type=float,
                    help="prune: also remove what was not used for DAYS days")
+    k.add_argument("--releases", action="store_true",
+                   help="clear: also remove the downloaded release artifacts (kept otherwise)")
     work_help = "work folder (default: $XDG_DATA_HOME/importpatch/work, ~/.local/share/...)"
     e = command("edit", cmd_edit, "copy modules' source to a work folder, to make a diff patch")
     e.add_argument("modules", nargs="*", metavar="MODULE",
@@ -887,11 +911,11 @@ def parser() -> argparse.ArgumentParser:
     r = command("rebase", cmd_rebase, "carry diff patches to another release (3-way merge)")
     r.add_argument("names", nargs="+", metavar="NAME")
     r.add_argument("--to", required=True, metavar="WHERE",
-                   help="the target: .whl, .tar.gz sdist, folder, NAME==VERSION (downloaded by "
-                        "pip, cached) or 'installed'")
+                   help="the target: .whl, .tar.gz sdist, folder, NAME==VERSION[:sdist] "
+                        "(downloaded from the index, cached) or 'installed'")
     r.add_argument("--base", metavar="WHERE",
                    help="the release the diff was made on (default: its Base: header, "
-                        "downloaded by pip when not cached)")
+                        "downloaded from the index when not cached)")
     r.add_argument("--out", metavar="PATH",
                    help="where the rebased diff goes (default: over the patch's own file when it "
                         "comes from an IMPORTPATCH_PATH folder, else the work folder)")

@@ -26,6 +26,8 @@ Fixtures:
 * ``venv_factory`` (session)    -> ``make(*pip_args, name=None) -> Venv`` under a tmp dir
 * ``target_pkg``                -> ``make(files: dict[str, str]) -> Path``
 * ``free_port`` (fixture form)  -> int
+* ``package_index``             -> ``package_index.Index``: a package index on 127.0.0.1
+                                   serving one release (tests/package_index.py)
 """
 
 from __future__ import annotations
@@ -42,8 +44,12 @@ import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from package_index import Index
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST_NAME = "importpatch-hook"
@@ -303,3 +309,13 @@ def target_pkg(tmp_path: Path) -> Callable[[Mapping[str, str]], Path]:
 @pytest.fixture(name="free_port")
 def free_port_fixture() -> int:
     return free_port()
+
+
+@pytest.fixture
+def package_index(tmp_path: Path) -> Iterator[Index]:
+    """A package index on 127.0.0.1 serving a release of ``tpkg-cpu`` (tests/package_index.py)."""
+    from package_index import serve_release
+
+    served = serve_release(tmp_path)
+    yield served
+    served.close()
