@@ -601,6 +601,23 @@ def load_patch(entry: Entry) -> Patch:
     raise RuntimeError(f"{entry.source} no longer declares a patch named {entry.name!r}")
 
 
+def retry_declaration(entry: Entry) -> None:
+    """Late activation only: run a declaration recorded as broken once more, since its failure
+    may have been the environment's (a variable set later, a file written later). Success clears
+    the error in this process only; the index keeps it until the source changes, so a start never
+    re-executes it. A declaration that imports its own target stays refused."""
+    if not entry.error or not entry.file or entry.error.startswith("patch code imports"):
+        return
+    try:
+        patches = _load_file(entry.file)
+    except Exception:
+        return  # still broken: load_patches reports it
+    for p in patches:
+        if p.name == entry.name:
+            entry._patch, entry.error = p, None
+            return
+
+
 def guess_modules(file: str) -> list[str]:
     """Target modules named in a declaration that failed to load: '+++ b/x/y.py' lines of a diff,
     'pkg.mod:Name' strings of a .py file."""
