@@ -67,3 +67,80 @@ def test_kv_block_sizes_copy_in_engine_core_module_is_the_wrapper(importpatch_ru
     )
     assert r.returncode == 0, r.stderr
     assert r.result == [True, True]
+
+
+# The sampler patches, called on real tensors through vLLM's real ``Sampler`` in a fresh patched
+# interpreter. Each test also runs the same code without the patch, to show what it changes.
+# Values go through JSON as repr() strings (nan and inf are not JSON).
+SAMPLER_PROBE = """
+import types, torch
+from vllm.v1.sample.sampler import Sampler
+
+def rows(t):
+    return [[repr(x) for x in row] for row in t.tolist()]
+"""
+
+
+def test_nan_guard_makes_nan_logits_impossible_and_keeps_everything_else(importpatch_run) -> None:  # type: ignore[no-untyped-def]
+    code = SAMPLER_PROBE + (
+        "nan, inf = float('nan'), float('inf')\n"
+        "given = torch.tensor([[nan, inf, -inf, 1.5, nan], [0.0, nan, -2.0, 3.25, inf]])\n"
+        "before = given.clone()\n"
+        "seen = []\n"
+        "class Stop(Exception):\n"
+        "    pass\n"
+        "def capture(logits, *args):\n"  # the next call after the guard in Sampler.forward
+        "    seen.append(logits)\n"
+        "    raise Stop\n"
+        "sampler = Sampler()\n"
+        "sampler.apply_logits_processors = capture\n"
+        "try:\n"
+        "    sampler(given, types.SimpleNamespace(max_num_logprobs=None, logprob_token_ids=None))\n"
+        "except Stop:\n"
+        "    pass\n"
+        "result = {'guarded': rows(seen[0]), 'dtype': str(seen[0].dtype),\n"
+        "          'input_untouched': torch.equal(given.isnan(), before.isnan())\n"
+        "              and bool((given.nan_to_num() == before.nan_to_num()).all()),\n"
+        "          'new_tensor': seen[0].data_ptr() != given.data_ptr()}\n"
+    )
+    r = importpatch_run(code, enable=["vllm-sampler-nan-guard"])
+    assert r.returncode == 0, r.stderr
+    assert r.result == {
+        "guarded": [["-inf", "inf", "-inf", "1.5", "-inf"], ["0.0", "-inf", "-2.0", "3.25", "inf"]],
+        "dtype": "torch.float32",
+        "input_untouched": True,  # out of place: the model runner's tensor keeps its values
+        "new_tensor": True,
+    }
+    vanilla = importpatch_run(code, enable=[])
+    assert vanilla.returncode == 0, vanilla.stderr
+    assert vanilla.result["guarded"][0][0] == "nan"
+
+
+def test_ban_token_ids_sets_banned_columns_to_minus_inf_in_place(importpatch_run) -> None:  # type: ignore[no-untyped-def]
+    code = SAMPLER_PROBE + (
+        "metadata = types.SimpleNamespace(\n"
+        "    bad_words_token_ids=None, no_penalties=True, output_token_ids=[[], []],\n"
+        "    allowed_token_ids_mask=None,\n"
+        "    logitsprocs=types.SimpleNamespace(non_argmax_invariant=[]),\n"
+        "    thinking_budget_state_holder=None, spec_token_ids=None)\n"
+        "sampler = Sampler()\n"
+        "out = {}\n"
+        "for vocab in (10, 5, 10):\n"  # 12 is outside both vocabularies; 7 only inside the first
+        "    given = torch.arange(2 * vocab, dtype=torch.float32).reshape(2, vocab)\n"
+        "    got = sampler.apply_logits_processors(given, metadata, False)\n"
+        "    out.setdefault(vocab, []).append({'rows': rows(got), 'same_tensor': got is given})\n"
+        "result = out\n"
+    )
+    r = importpatch_run(code, enable=["vllm-ban-token-ids"],
+                        env={"IMPORTPATCH_BANNED_TOKEN_IDS": "7, 3,12"})
+    assert r.returncode == 0, r.stderr
+
+    def banned(vocab: int, ids: set[int]) -> list[list[str]]:
+        return [[repr(float("-inf")) if i in ids else repr(float(row * vocab + i))
+                 for i in range(vocab)] for row in range(2)]
+
+    ten = {"rows": banned(10, {3, 7}), "same_tensor": True}
+    assert r.result == {"10": [ten, ten], "5": [{"rows": banned(5, {3}), "same_tensor": True}]}
+    vanilla = importpatch_run(code, enable=[], env={"IMPORTPATCH_BANNED_TOKEN_IDS": "7, 3,12"})
+    assert vanilla.returncode == 0, vanilla.stderr
+    assert vanilla.result["10"][0]["rows"] == banned(10, set())
