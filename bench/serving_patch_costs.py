@@ -15,7 +15,9 @@ the patches' own code per engine step, with the objects they touch each step:
 
 Each wrapper is called through ``wrapt.FunctionWrapper``, as importpatch installs it, around a
 function that returns the step's result; the figure is (time with the patch - time without) per
-call, CPU time (``time.process_time``) and wall time, medians of interleaved rounds. The scheduler
+call, medians of interleaved rounds: CPU time of the calling thread (what the step waits for),
+CPU time of the whole process (a patch's own threads included: the step trace writes from one,
+and each timed batch ends with its ``flush()``), and wall time of the calling thread. The scheduler
 and its output are stand-ins (``SimpleNamespace`` with the attributes the patches read); tensors,
 the request queue, the file and wrapt are the real ones. ``--baseline REV`` also measures the
 patches as they were at a git revision of this checkout, side by side.
@@ -79,9 +81,11 @@ def nan_guard_from_diff(diff: str) -> Callable[..., object]:
     return namespace["guard"]  # type: ignore[return-value]
 
 
-def step_cases(sources: dict[str, str], work: Path) -> dict[str, tuple[Callable[[], object],
-                                                                       Callable[[], object]]]:
-    """case name -> (step without the patch, step with it)."""
+Case = tuple[Callable[[], object], Callable[[], object], Callable[[], object] | None]
+
+
+def step_cases(sources: dict[str, str], work: Path) -> dict[str, Case]:
+    """case name -> (step without the patch, step with it, what completes the patch's work)."""
     import torch
     import wrapt
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
@@ -99,9 +103,9 @@ def step_cases(sources: dict[str, str], work: Path) -> dict[str, tuple[Callable[
             return logits
 
         cases[f"ban-token-ids, vocab {vocab}"] = (
-            processors, wrapt.FunctionWrapper(processors, ban.ban_tokens))
+            processors, wrapt.FunctionWrapper(processors, ban.ban_tokens), None)
         cases[f"nan-guard, vocab {vocab}"] = (
-            processors, lambda logits=logits: guard(processors(logits), torch))
+            processors, lambda logits=logits: guard(processors(logits), torch), None)
 
     req_ids = [f"cmpl-{uuid.uuid4().hex}-0" for _ in range(BATCH)]
     output = types.SimpleNamespace(
@@ -113,8 +117,10 @@ def step_cases(sources: dict[str, str], work: Path) -> dict[str, tuple[Callable[
     def schedule(self: object = None) -> object:
         return output
 
+    # The patch may write from a thread of its own: its flush() ends each timed batch.
     cases["sched-step-trace, 16 requests"] = (
-        schedule, wrapt.FunctionWrapper(schedule, trace.trace_step).__get__(scheduler))
+        schedule, wrapt.FunctionWrapper(schedule, trace.trace_step).__get__(scheduler),
+        getattr(trace, "flush", None))
 
     priority = load_module("vllm-priority-scheduler", sources["vllm-priority-scheduler"])
     for waiting in (0, BATCH):
@@ -128,16 +134,21 @@ def step_cases(sources: dict[str, str], work: Path) -> dict[str, tuple[Callable[
         })()
         fake.policy = SchedulingPolicy.FCFS
         fake.waiting, fake.kv_holding_waiting = queue, FCFSRequestQueue()
-        cases[f"priority-scheduler, {waiting} waiting"] = (schedule, fake.schedule)
+        cases[f"priority-scheduler, {waiting} waiting"] = (schedule, fake.schedule, None)
     return cases
 
 
-def per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) per call."""
-    c0, w0 = time.process_time(), time.perf_counter()
+def per_call(fn: Callable[[], object], calls: int,
+             complete: Callable[[], object] | None = None) -> tuple[float, float, float]:
+    """Per call: (CPU seconds of the calling thread, of the whole process, wall seconds of the
+    calling thread); ``complete`` ends the batch (its time counts for the process only)."""
+    t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
     for _ in range(calls):
         fn()
-    return (time.process_time() - c0) / calls, (time.perf_counter() - w0) / calls
+    t1, w1 = time.thread_time(), time.perf_counter()
+    if complete is not None:
+        complete()
+    return (t1 - t0) / calls, (time.process_time() - p0) / calls, (w1 - w0) / calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,17 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         versions[args.baseline] = patch_sources(args.baseline)
     cases = {label: step_cases(src, work) for label, src in versions.items()}
     names = list(cases["now"])
-    samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    samples: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for rnd in range(args.rounds + 1):  # round 0 warms up (caches, first-call allocations)
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
             for label in versions:
-                bare, patched = cases[label][name]
-                for side, fn in (("bare", bare), ("patched", patched)):
-                    value = per_call(fn, args.calls)
+                bare, patched, complete = cases[label][name]
+                for side, fn, done in (("bare", bare, None), ("patched", patched, complete)):
+                    value = per_call(fn, args.calls, done)
                     if rnd:
                         samples.setdefault((label, name, side), []).append(value)
     header = "| per engine step | " + " | ".join(
-        f"{label}: CPU / wall" for label in versions) + " |"
+        f"{label}: thread CPU / process CPU / wall" for label in versions) + " |"
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds of {args.calls} calls; "
           f"added time per call (patched - bare), medians.\n")
@@ -175,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         for label in versions:
             def med(side: str, i: int, label: str = label, name: str = name) -> float:
                 return statistics.median(v[i] for v in samples[(label, name, side)])
-            cpu = (med("patched", 0) - med("bare", 0)) * 1e6
-            wall = (med("patched", 1) - med("bare", 1)) * 1e6
-            cells.append(f"{cpu:.1f} µs / {wall:.1f} µs")
+            thread, process, wall = ((med("patched", i) - med("bare", i)) * 1e6
+                                     for i in range(3))
+            cells.append(f"{thread:.1f} / {process:.1f} / {wall:.1f} µs")
         print(f"| {name} | " + " | ".join(cells) + " |")
     for trace_file in work.glob("trace-*.jsonl"):
         trace_file.unlink()

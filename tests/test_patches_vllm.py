@@ -3,6 +3,9 @@ pytest plugin (``importpatch_run``, ``assert_applies_cleanly``) against the inst
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from importpatch.catalog import builtin_folder
@@ -144,3 +147,68 @@ def test_ban_token_ids_sets_banned_columns_to_minus_inf_in_place(importpatch_run
     vanilla = importpatch_run(code, enable=[], env={"IMPORTPATCH_BANNED_TOKEN_IDS": "7, 3,12"})
     assert vanilla.returncode == 0, vanilla.stderr
     assert vanilla.result["10"][0]["rows"] == banned(10, set())
+
+
+def test_sched_step_trace_appends_one_json_line_per_step_to_the_file_the_path_names(
+    importpatch_run, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """The trace wrapper of the real patched ``Scheduler.schedule`` (called with a stand-in step
+    result): the lines, their fields and order, what happens when the file is rotated or deleted
+    between steps (the next line goes to a file at the path, created if needed), and that lines
+    still queued when the process exits are written (the patch writes from a background thread;
+    ``flush()`` waits for it)."""
+    trace = tmp_path / "trace.jsonl"
+    code = (
+        "import os, types\n"
+        "from vllm.v1.core.sched.scheduler import Scheduler\n"
+        "trace_step = vars(Scheduler)['schedule']._self_wrapper\n"
+        "flush = trace_step.__globals__['flush']\n"
+        "scheduler = types.SimpleNamespace(current_step=7, running=[1, 2, 3], waiting=[4])\n"
+        "def step(*ids):\n"
+        "    out = types.SimpleNamespace(num_scheduled_tokens=dict.fromkeys(ids, 2),\n"
+        "                                total_num_scheduled_tokens=2 * len(ids))\n"
+        "    assert trace_step(lambda: out, scheduler, (), {}) is out\n"
+        f"path = {str(trace)!r}\n"
+        "step('b-1', 'a-2'); step(); step('c')\n"  # a step that scheduled nothing: no line
+        "assert flush()\n"
+        "os.rename(path, path + '.1')\n"  # rotated, as logrotate does
+        "step('d')\n"
+        "assert flush()\n"
+        "os.unlink(path)\n"
+        "for i in range(200):\n"  # left in the queue at exit
+        "    step(f'e{i:03}')\n"
+        "result = os.getpid()\n"
+    )
+    r = importpatch_run(code, enable=["vllm-sched-step-trace"],
+                        env={"IMPORTPATCH_SCHED_TRACE_FILE": str(trace)})
+    assert r.returncode == 0, r.stderr
+    rotated = [json.loads(x) for x in Path(f"{trace}.1").read_text().splitlines()]
+    current = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert [x["req_ids"] for x in rotated] == [["a-2", "b-1"], ["c"]]
+    assert [x["req_ids"] for x in current] == [[f"e{i:03}"] for i in range(200)]  # "d": deleted
+    first = rotated[0]
+    assert set(first) == {"pid", "step", "time", "num_requests", "tokens_scheduled", "running",
+                          "waiting", "req_ids"}
+    assert (first["pid"], first["step"], first["num_requests"], first["tokens_scheduled"],
+            first["running"], first["waiting"]) == (r.result, 7, 2, 4, 3, 1)
+    times = [x["time"] for x in rotated + current]
+    assert times == sorted(times)  # taken at each step, in step order
+    # Without the variable nothing is written.
+    setup = code[:code.index("step('b-1'")]
+    quiet = setup.replace(str(trace), str(tmp_path / "quiet.jsonl"))
+    r = importpatch_run(quiet + "step('x'); flush(); result = os.path.exists(path)\n",
+                        enable=["vllm-sched-step-trace"],
+                        env={"IMPORTPATCH_SCHED_TRACE_FILE": None})
+    assert r.returncode == 0, r.stderr
+    assert r.result is False
+    # A line that cannot be written fails a step, as it did when the step wrote it itself.
+    missing = tmp_path / "no-such-folder" / "trace.jsonl"
+    r = importpatch_run(
+        setup + "step('x'); flush()\n"
+        "try:\n"
+        "    step('y')\n"
+        "except OSError as exc:\n"
+        "    result = type(exc).__name__\n",
+        enable=["vllm-sched-step-trace"], env={"IMPORTPATCH_SCHED_TRACE_FILE": str(missing)})
+    assert r.returncode == 0, r.stderr
+    assert r.result == "FileNotFoundError"
