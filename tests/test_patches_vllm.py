@@ -154,10 +154,12 @@ def test_sched_step_trace_appends_one_json_line_per_step_to_the_file_the_path_na
 ) -> None:
     """The trace wrapper of the real patched ``Scheduler.schedule`` (called with a stand-in step
     result): the lines, their fields and order, what happens when the file is rotated or deleted
-    between steps (the next line goes to a file at the path, created if needed), and that lines
+    between steps (the next line goes to a file at the path, created if needed), that lines
     still queued when the process exits are written (the patch writes from a background thread;
-    ``flush()`` waits for it)."""
-    trace = tmp_path / "trace.jsonl"
+    ``flush()`` waits for it), that nothing is written without the variable, and that a line
+    that cannot be written fails a step, as it did when the step wrote it itself."""
+    trace, quiet = tmp_path / "trace.jsonl", tmp_path / "quiet.jsonl"
+    missing = tmp_path / "no-such-folder" / "trace.jsonl"
     code = (
         "import os, types\n"
         "from vllm.v1.core.sched.scheduler import Scheduler\n"
@@ -168,7 +170,18 @@ def test_sched_step_trace_appends_one_json_line_per_step_to_the_file_the_path_na
         "    out = types.SimpleNamespace(num_scheduled_tokens=dict.fromkeys(ids, 2),\n"
         "                                total_num_scheduled_tokens=2 * len(ids))\n"
         "    assert trace_step(lambda: out, scheduler, (), {}) is out\n"
-        f"path = {str(trace)!r}\n"
+        "result = {'pid': os.getpid()}\n"
+        "os.environ.pop('IMPORTPATCH_SCHED_TRACE_FILE', None)\n"  # the variable is read each step
+        f"os.environ['VLLM_IMPORTPATCH_SCHED_TRACE_FILE'] = {str(missing)!r}\n"
+        "step('x'); flush()\n"
+        "try:\n"
+        "    step('y')\n"
+        "except OSError as exc:\n"
+        "    result['error'] = type(exc).__name__\n"
+        "del os.environ['VLLM_IMPORTPATCH_SCHED_TRACE_FILE']\n"
+        "step('q'); flush()\n"
+        f"result['quiet'] = os.listdir({str(tmp_path)!r})\n"
+        f"os.environ['IMPORTPATCH_SCHED_TRACE_FILE'] = path = {str(trace)!r}\n"
         "step('b-1', 'a-2'); step(); step('c')\n"  # a step that scheduled nothing: no line
         "assert flush()\n"
         "os.rename(path, path + '.1')\n"  # rotated, as logrotate does
@@ -177,11 +190,12 @@ def test_sched_step_trace_appends_one_json_line_per_step_to_the_file_the_path_na
         "os.unlink(path)\n"
         "for i in range(200):\n"  # left in the queue at exit
         "    step(f'e{i:03}')\n"
-        "result = os.getpid()\n"
     )
     r = importpatch_run(code, enable=["vllm-sched-step-trace"],
-                        env={"IMPORTPATCH_SCHED_TRACE_FILE": str(trace)})
+                        env={"IMPORTPATCH_SCHED_TRACE_FILE": str(quiet)})
     assert r.returncode == 0, r.stderr
+    assert r.result["error"] == "FileNotFoundError"
+    assert r.result["quiet"] == []  # nothing written while no variable named a file
     rotated = [json.loads(x) for x in Path(f"{trace}.1").read_text().splitlines()]
     current = [json.loads(x) for x in trace.read_text().splitlines()]
     assert [x["req_ids"] for x in rotated] == [["a-2", "b-1"], ["c"]]
@@ -190,25 +204,6 @@ def test_sched_step_trace_appends_one_json_line_per_step_to_the_file_the_path_na
     assert set(first) == {"pid", "step", "time", "num_requests", "tokens_scheduled", "running",
                           "waiting", "req_ids"}
     assert (first["pid"], first["step"], first["num_requests"], first["tokens_scheduled"],
-            first["running"], first["waiting"]) == (r.result, 7, 2, 4, 3, 1)
+            first["running"], first["waiting"]) == (r.result["pid"], 7, 2, 4, 3, 1)
     times = [x["time"] for x in rotated + current]
     assert times == sorted(times)  # taken at each step, in step order
-    # Without the variable nothing is written.
-    setup = code[:code.index("step('b-1'")]
-    quiet = setup.replace(str(trace), str(tmp_path / "quiet.jsonl"))
-    r = importpatch_run(quiet + "step('x'); flush(); result = os.path.exists(path)\n",
-                        enable=["vllm-sched-step-trace"],
-                        env={"IMPORTPATCH_SCHED_TRACE_FILE": None})
-    assert r.returncode == 0, r.stderr
-    assert r.result is False
-    # A line that cannot be written fails a step, as it did when the step wrote it itself.
-    missing = tmp_path / "no-such-folder" / "trace.jsonl"
-    r = importpatch_run(
-        setup + "step('x'); flush()\n"
-        "try:\n"
-        "    step('y')\n"
-        "except OSError as exc:\n"
-        "    result = type(exc).__name__\n",
-        enable=["vllm-sched-step-trace"], env={"IMPORTPATCH_SCHED_TRACE_FILE": str(missing)})
-    assert r.returncode == 0, r.stderr
-    assert r.result == "FileNotFoundError"
