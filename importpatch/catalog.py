@@ -226,7 +226,7 @@ def load_index(toggles: config.Toggles) -> Index:
     for e in entries:
         if e.file:
             e._patch = None
-    chosen = {m for e in entries if e.error and toggles.decide(e.name, bool(e.default))[0]
+    chosen = {m for e in entries if e.error and toggles.decide_entry(e)[0]
               for group in e.modules for m in group}
     for name in list(imported_by):
         if name in chosen or any(name.startswith(m + ".") for m in chosen):

@@ -696,7 +696,7 @@ def _check_entry(
     checker: _Checker,
     sources: list[str],
 ) -> tuple[PatchResult, list[tuple[declare.Op, OpResult]]]:
-    enabled, why = toggles.decide(entry.name, bool(entry.default))
+    enabled, why = toggles.decide_entry(entry)
     result = PatchResult(
         entry.name, entry.origin, entry.source, enabled, why, entry.name in names,
         list(entry.requires or ()),

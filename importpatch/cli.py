@@ -154,7 +154,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         declared_in.setdefault(e.name, []).append(e.source)
     rows: list[dict[str, Any]] = []
     for e in entries:
-        on, why = toggles.decide(e.name, bool(e.default))
+        on, why = toggles.decide_entry(e)
         req_ok, req = versions.check(e.requires or (), installed.version)
         rows.append({
             "name": e.name, "kinds": list(e.kinds or ()), "targets": list(e.targets or ()),
