@@ -49,6 +49,12 @@ def start(sitedir: str | None = None) -> None:
     try:
         from . import config
 
+        if config.DISCOVERING in os.environ:
+            # Started by patch code while another process ran its declarations in discovery:
+            # discovering here too would start the next one, without end. Stay unpatched.
+            _fail(RuntimeError(f"started by patch code while process "
+                               f"{os.environ[config.DISCOVERING]} ran declarations"))
+            return
         toggles = config.read()
         _warn_problems(toggles.problems)
         if toggles.off:

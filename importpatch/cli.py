@@ -31,7 +31,8 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
                       "requires": [str], "requirement_ok": bool, "requirement",
                       "status": "ok"|"fail"|"skip"|"absent"|"already-applied",
-                      "on_error": "fail"|"warn"|null, "problems": [str], "failing": bool,
+                      "on_error": "fail"|"warn"|null, "problems": [str], "warnings": [str],
+                      "failing": bool,
                       "ops": [{"kind", "target",
                                "status": "ok"|"fail"|"warn"|"absent"|"already-applied", "detail",
                                "module": str|null, "file": str|null,
@@ -233,6 +234,7 @@ def check_lines(p: Any, style: Style) -> list[str]:
         req = "; ".join(p.requires)
         lines.append(f"    {'version':10}{verdict:5} {req}: {_reason(p.requirement, req)}")
     lines += [f"    {style.status('fail', 'problem')}   {problem}" for problem in p.problems]
+    lines += [f"    {style.status('warn', 'warning')}   {warning}" for warning in p.warnings]
     if p.status == "already-applied":
         then = ("skips it (on_error=warn)" if p.on_error == "warn"
                 else "fails the import of its target")

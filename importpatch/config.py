@@ -32,6 +32,10 @@ STRICT = "IMPORTPATCH_STRICT"  # switch: a problem with the chosen patches stops
 
 ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE, STRICT)
 
+# Set by discovery while declarations run (catalog.scan): a Python process that patch code starts
+# then does not activate (it would run the declarations again, and start the next one).
+DISCOVERING = "_IMPORTPATCH_DISCOVERING"
+
 # The blog-style spelling (issue 15, importpatch.compat): a set VLLM_CUSTOM_PATCHES is a reason
 # to activate at start, like IMPORTPATCH_ENABLE. The .pth line notices it by the "PATCH" in its
 # name, as it notices every IMPORTPATCH_* variable.
