@@ -165,6 +165,9 @@ def activate(
             _write_stamp(index, entries)
         return None
     installed = finder.install(chosen)
+    names = sorted({e.name for e in chosen})
+    events.process_started("late" if late else "start",
+                           f"{len(names)} patch(es) on: {', '.join(names)}")
     if late:
         from .late import apply_to_imported
 

@@ -462,6 +462,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for proc in procs.values():
         seen: set[str] = set()
         for ev in proc["events"]:
+            if ev["outcome"] == STARTED:
+                continue
             tally = patches.setdefault(
                 ev["patch"],
                 {"applied": 0, "skipped": 0, "failed": 0, "rebound": 0, "processes": 0})
@@ -477,7 +479,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                    "patches": patches, "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
-    n_events = sum(len(p["events"]) for p in procs.values())
+    n_events = sum(ev["outcome"] != STARTED for p in procs.values() for ev in p["events"])
     lines = [f"{folder}: {len(procs)} process(es), {n_events} event(s)"]
     for root in roots:
         lines += _proc_lines(root, 0, style)
@@ -491,6 +493,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
     emit(lines)
     return 0
+
+
+STARTED = "started"  # the line a process writes where the hook is active (events.process_started)
 
 
 def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int]:
@@ -517,6 +522,8 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
             "events": [], "children": [],
         })
         proc["events"].append(event)
+        if fields["process"]:  # a multiprocessing child's first line may predate its name
+            proc["process"] = fields["process"]
     return procs, bad
 
 
@@ -569,7 +576,12 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
     argv = " ".join([os.path.basename(proc["argv"][0]), *proc["argv"][1:]]) if proc["argv"] else ""
     head += ": " + shorten(argv, max(WIDTH - len(head) - 2, 20))
     lines = [head]
+    started = [ev for ev in proc["events"] if ev["outcome"] == STARTED]
+    if len(started) == len(proc["events"]):
+        lines.append(f"{indent}  nothing applied here; hook active ({started[-1]['detail']})")
     for ev in proc["events"]:
+        if ev["outcome"] == STARTED:
+            continue
         outcome = style.status(ev["outcome"])
         text = f"{indent}  {outcome} {ev['patch']} -> {ev['target']} ({ev['how']})"
         if ev["detail"]:
