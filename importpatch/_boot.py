@@ -94,7 +94,7 @@ def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, .
 
     env = os.environ if environ is None else environ
     return tuple(config.get(env, v) for v in (config.ENABLE, config.DISABLE, config.OFF,
-                                               config.PATH))
+                                               config.PATH)) + (env.get(config.CUSTOM_PATCHES),)
 
 
 def api_entries() -> list[Entry]:

@@ -5,7 +5,9 @@ Sources, in this order (a later patch with the same name is an error reported by
    ``importpatch/_builtin_patches``;
 2. folders named in ``IMPORTPATCH_PATH``;
 3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
-   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``).
+   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``, or
+   a function that makes them when called, ``"pkg:register_patches"``; the ``VLLMPatch`` classes
+   of importpatch.compat that the package defines count as patches too).
 A folder holds ``*.py`` declaration files (names starting with ``_`` are skipped) and
 ``*.diff`` / ``*.patch`` files with a metadata header.
 
@@ -237,8 +239,6 @@ def _entries_of_file(origin: str, file: str) -> list[Entry]:
 def _entry_point_entries(files: list[str]) -> list[Entry]:
     from importlib import metadata
 
-    from .declare import collecting
-
     entries: list[Entry] = []
     try:
         eps = metadata.entry_points(group=GROUP)
@@ -247,13 +247,7 @@ def _entry_point_entries(files: list[str]) -> list[Entry]:
     for ep in sorted(eps, key=lambda e: e.name):
         source = f"entry point {ep.name} = {ep.value}"
         try:
-            with collecting() as found:
-                ep.load()
-            if not found:  # already imported elsewhere: pick up its Patch objects
-                from .declare import Patch
-
-                mod = sys.modules.get(ep.module)
-                found = [v for v in vars(mod).values() if isinstance(v, Patch)] if mod else []
+            found = _declarations(ep.value)
             mod_file = getattr(sys.modules.get(ep.module), "__file__", None)
             if mod_file:
                 files.append(mod_file)
@@ -274,23 +268,39 @@ def _entry_point_entries(files: list[str]) -> list[Entry]:
 _ep_patches: dict[str, Patch] = {}
 
 
-def _load_entry_point_module(entry: Entry) -> None:
-    """Import the module of an indexed entry point (``source`` is "entry point NAME = VALUE")
-    without listing entry points again: that costs 40-60 ms in a vLLM environment, and the index
-    exists so that no process after the first pays it."""
+def _declarations(value: str) -> list[Patch]:
+    """The Patch objects an entry point value ``module`` or ``module:function`` declares: made while
+    the module is imported or the function runs (the function is called: importpatch.compat users
+    name their ``register_patches``), else (imported before) the module's Patch globals; plus the
+    ``VLLMPatch`` classes of the same top-level package when importpatch.compat is in use."""
     import importlib
 
     from .declare import Patch, collecting
 
-    module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
-    if not module:
+    module, _, attr = (part.strip() for part in value.partition(":"))
+    with collecting() as found:
+        obj: Any = importlib.import_module(module)
+        if attr:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            obj()
+    if not found:  # already imported elsewhere: pick up its Patch objects
+        found = [v for v in vars(sys.modules[module]).values() if isinstance(v, Patch)]
+    compat = sys.modules.get("importpatch.compat")
+    if compat is not None:
+        found += [p for p in compat.declared_in(module) if all(p is not f for f in found)]
+    return found
+
+
+def _load_entry_point_module(entry: Entry) -> None:
+    """Load the declarations of an indexed entry point (``source`` is "entry point NAME = VALUE")
+    without listing entry points again: that costs 40-60 ms in a vLLM environment, and the index
+    exists so that no process after the first pays it."""
+    value = str(entry.source).partition(" = ")[2].strip()
+    if not value:
         _entry_point_entries([])
         return
-    with collecting() as found:
-        mod = importlib.import_module(module)
-    if not found:  # already imported elsewhere: pick up its Patch objects
-        found = [v for v in vars(mod).values() if isinstance(v, Patch)]
-    for p in found:
+    for p in _declarations(value):
         p.source, p.origin = entry.source, "entry-point"
         _ep_patches[p.name] = p
 

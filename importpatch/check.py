@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
-from .declare import ADD, CODE_KINDS, DIFF, REPLACE, TRANSFORM
+from .declare import ADD, CODE_KINDS, DIFF, REPLACE, SET, TRANSFORM
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
 
@@ -699,6 +699,15 @@ class _Checker:
                 result.status, result.detail = FAIL, f"class {owner} not found"
             else:
                 result.detail = f"{op.qualname} is free"
+        elif op.kind == SET and not (found.found and found.qualname == op.qualname):
+            # set replaces or adds: only the owner class must be there
+            owner = op.qualname.rpartition(".")[0]
+            if unsure:
+                result.status, result.detail = WARN, unsure
+            elif owner and not find_symbol(tree, owner)[0].found:
+                result.status, result.detail = FAIL, f"class {owner} not found"
+            else:
+                result.detail = f"{op.qualname} is not there yet: set adds it"
         elif unsure:
             result.status, result.detail = WARN, unsure
         elif found.found:
@@ -777,6 +786,12 @@ def _check_entry(
         return result, []
     result.requirement_ok, result.requirement = versions.check(patch.requires, checker.version_of)
     pairs = [(op, checker.op(op)) for op in patch.ops]
+    advise = getattr(patch, "advice", None)  # importpatch.compat: a target given as an object
+    for op, res in pairs:
+        note = advise(op) if advise is not None else None
+        if note:
+            res.status = WARN if res.status == OK else res.status
+            res.detail = f"{res.detail}; {note}" if res.detail else note
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
     return result, pairs
@@ -806,7 +821,7 @@ def _conflicts(
         for op, res in patch_ops[r.name]:
             if res.module is None or res.file is None:
                 continue
-            if op.kind == REPLACE and op.qualname:
+            if op.kind in (REPLACE, SET) and op.qualname:
                 key = (res.module, op.qualname, op.decorated)
                 replacing.setdefault(key, []).append(r.name)
             elif op.kind in CODE_KINDS:

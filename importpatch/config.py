@@ -25,6 +25,11 @@ NO_CACHE = "IMPORTPATCH_NO_CACHE"  # "1": never read or write the bytecode cache
 
 ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE)
 
+# The variable of vLLM's plugin-system blog post (importpatch.compat): comma-separated names of
+# patches as registered with its PatchManager. They switch on the importpatch patches of those
+# names too; a name importpatch does not know is the blog package's business, so no warning.
+CUSTOM_PATCHES = "VLLM_CUSTOM_PATCHES"
+
 # vLLM's Ray executor copies only VLLM_-prefixed variables (and a few others) to its workers
 # (vllm/ray/ray_env.py); the same toggles spelled VLLM_IMPORTPATCH_* ride along and are read
 # when the IMPORTPATCH_* spelling is absent.
@@ -47,7 +52,9 @@ def is_truthy(value: str | None) -> bool:
 class Toggles:
     """The parsed switches. ``problems`` lists what could not be understood."""
 
-    __slots__ = ("enable", "enable_all", "disable", "off", "path", "log", "events_dir", "problems")
+    __slots__ = (
+        "enable", "enable_all", "disable", "off", "path", "log", "events_dir", "problems", "custom",
+    )
 
     def __init__(
         self,
@@ -59,6 +66,7 @@ class Toggles:
         log: bool = False,
         events_dir: str | None = None,
         problems: tuple[str, ...] = (),
+        custom: frozenset[str] = frozenset(),
     ) -> None:
         self.enable = enable
         self.enable_all = enable_all
@@ -68,6 +76,7 @@ class Toggles:
         self.log = log
         self.events_dir = events_dir
         self.problems = problems
+        self.custom = custom
 
     def decide(self, name: str, default: bool) -> tuple[bool, str]:
         """Whether patch ``name`` is on, and why (the reason is shown by `importpatch list`)."""
@@ -77,6 +86,8 @@ class Toggles:
             return False, f"named in {DISABLE}"
         if name in self.enable:
             return True, f"named in {ENABLE}"
+        if name in self.custom:
+            return True, f"named in {CUSTOM_PATCHES}"
         if self.enable_all:
             return True, f"{ENABLE}=all"
         if default:
@@ -85,7 +96,7 @@ class Toggles:
 
     @property
     def anything_requested(self) -> bool:
-        return bool(self.enable or self.enable_all or self.path)
+        return bool(self.enable or self.enable_all or self.path or self.custom)
 
 
 def _names(raw: str, var: str, problems: list[str]) -> set[str]:
@@ -111,6 +122,8 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
         if not os.path.isdir(p):
             problems.append(f"{PATH}: {p!r} is not a folder")
     events_dir = get(env, EVENTS_DIR) or None
+    # Split as the post's PatchManager.apply_from_env does: on commas, blanks stripped.
+    custom = {n.strip() for n in (env.get(CUSTOM_PATCHES) or "").split(",") if n.strip()}
     return Toggles(
         enable=frozenset(enable),
         enable_all=enable_all,
@@ -120,6 +133,7 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
         log=is_truthy(get(env, LOG)),
         events_dir=events_dir,
         problems=tuple(problems),
+        custom=frozenset(custom),
     )
 
 

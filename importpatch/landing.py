@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast
 
 from . import events
-from .declare import ADD, REPLACE, WRAP
+from .declare import ADD, REPLACE, SET, WRAP
 from .errors import PatchError
 
 TYPE_CHECKING = False
@@ -51,11 +51,15 @@ _BLOCK_FIELDS = ("body", "orelse", "finalbody")
 
 
 def site_of(op: Op) -> tuple[str, str]:
-    """(qualname where the operation lands, stage). Adds land on the owner's binding."""
+    """(qualname where the operation lands, stage). Adds land on the owner's binding; so does a
+    set of a class member (``setattr`` on the finished class), while a set of a module-level
+    name lands on that name's binding, or after execution when the source does not bind it."""
     assert op.qualname is not None
-    if op.kind == ADD:
+    if op.kind == ADD or (op.kind == SET and "." in op.qualname):
         owner, _, _ = op.qualname.rpartition(".")
         return owner, "outer"
+    if op.kind == SET:
+        return op.qualname, "outer"
     return op.qualname, "outer" if op.decorated else "inner"
 
 
@@ -225,6 +229,12 @@ class ModulePlan:
                         continue
                     raise err
                 setattr(obj, attr, op.obj)
+            elif op.kind == SET:
+                assert op.qualname is not None
+                if "." in op.qualname:  # obj is the owner class: replace or add the member
+                    setattr(obj, op.qualname.rpartition(".")[2], op.obj)
+                else:
+                    obj = op.obj
             events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", how, op.kind)
         return obj
 
@@ -258,6 +268,11 @@ class ModulePlan:
             try:
                 owner, current = resolve(namespace, qual, self)
             except PatchError as err:
+                if "." not in qual and all(op.kind == SET for op in ops):
+                    # set of a module-level name the module never bound: it is added.
+                    how = "in-place" if late else "after-exec (name not bound by the module)"
+                    namespace[qual] = self.final[qual] = self._apply(qual, ops, None, how)
+                    continue
                 if tolerated(err, ops):
                     continue
                 raise
@@ -287,21 +302,27 @@ def tolerated(err: PatchError, ops: list[Op]) -> bool:
 
 
 def _op_order(op: Op) -> tuple[int, int, str]:
-    # replace first (innermost), then adds, then wraps by (order, patch name): deterministic.
-    rank = {REPLACE: 0, ADD: 1, WRAP: 2}[op.kind]
+    # replace first (innermost), then adds and sets, then wraps by (order, patch name).
+    rank = {REPLACE: 0, ADD: 1, SET: 1, WRAP: 2}[op.kind]
     return (rank, op.order, op.patch.name)
 
 
 def _check_conflicts(module: str, ops: list[Op], file: str | None) -> None:
-    replacing = [op for op in ops if op.kind == REPLACE]
-    if len(replacing) > 1:
-        names = sorted(op.patch.name for op in replacing)
-        raise PatchError(
-            names[0], module,
-            f"conflict: patches {' and '.join(repr(n) for n in names)} both replace "
-            f"{replacing[0].qualname}; enable one of them",
-            file=file,
-        )
+    # Two patches replacing (or setting) one name: whichever ran last would silently win.
+    by_name: dict[str | None, list[Op]] = {}
+    for op in ops:
+        if op.kind in (REPLACE, SET):
+            by_name.setdefault(op.qualname, []).append(op)
+    for qualname, replacing in by_name.items():
+        names = sorted({op.patch.name for op in replacing})
+        if len(replacing) > 1:
+            verb = "set" if all(op.kind == SET for op in replacing) else "replace"
+            raise PatchError(
+                names[0], module,
+                f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
+                f"{qualname}; enable one of them",
+                file=file,
+            )
 
 
 def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any, Any]:
