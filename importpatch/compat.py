@@ -227,6 +227,7 @@ class ClassPatch(Patch):
             doc=(patch_class.__doc__ or "").strip(),
         )
         self.patch_class = patch_class
+        self.home = patch_class.__module__  # late activation never re-binds what it saved
         self.in_place = obj is not None
         self.live = live
         self.target_text = f"{'|'.join(modules)}:{qual}" if qual else "|".join(modules)

@@ -76,9 +76,13 @@ def apply_to_imported(finder: PatchFinder) -> int:
             events.record("failed", exc.patch, name, "in-place", exc.what)
             continue
         landing.register(plan)
+        # The patch's own module keeps what it saved (``_orig = m.f``): re-binding it would make
+        # a replacement that calls its original call itself.
+        homes = {getattr(o.patch, "home", None) for o in object_ops}
+        skip = [module, *(sys.modules[h] for h in homes if h in sys.modules)]
         for qual, original in before.items():
             if original is not None and "." not in qual:
-                count = rebind(original, plan.final[qual], skip=module)
+                count = rebind(original, plan.final[qual], skip=skip)
                 events.record(
                     "info", ",".join(sorted({o.patch.name for o in object_ops})),
                     f"{name}:{qual}", "rebind", f"re-bound {count} copies in other modules",
@@ -97,11 +101,12 @@ def _raw(namespace: dict[str, Any], qual: str) -> Any:
     return obj
 
 
-def rebind(original: Any, new: Any, *, skip: Any = None) -> int:
-    """Point every module global that is ``original`` at ``new``; returns how many."""
+def rebind(original: Any, new: Any, *, skip: list[Any] | tuple[Any, ...] = ()) -> int:
+    """Point every module global that is ``original`` at ``new`` (modules in ``skip`` aside);
+    returns how many."""
     count = 0
     for module in list(sys.modules.values()):
-        if module is skip or module is None:
+        if module is None or any(module is s for s in skip):
             continue
         try:
             namespace = vars(module)

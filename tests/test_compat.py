@@ -81,10 +81,12 @@ OBJECT_TARGETS = {
         {IMPORT}
         from tpkg import kv
 
+        _vanilla_resolve = kv.resolve  # the post's way to keep the original at hand
+
 
         class KVBlockSizesPatch(VLLMPatch[kv]):
             def resolve(x):
-                return ["patched", x]
+                return ["patched", _vanilla_resolve(x)]
         '''),
 }
 
@@ -210,7 +212,9 @@ print(json.dumps([first, second, report("again"), tpkg.kv._applied_patches]))
     # Enabled at start, but an object target is never landed at import (its declaration
     # imports it): the import did not fail and nothing was patched before apply().
     assert first[1:] == [["orig", 1], "fcfs", []]
-    assert second[1:3] == [["patched", 1], "patched:priority"]  # the copy in tpkg.core too
+    # The copy in tpkg.core is re-bound; the original the patch module saved is not (re-binding
+    # it too would make the replacement call itself).
+    assert second[1:3] == [["patched", ["orig", 1]], "patched:priority"]
     assert {(e[1], e[3]) for e in second[3]} == {
         ("KVBlockSizes", "in-place"), ("PriorityScheduler", "in-place"),
         ("KVBlockSizes", "rebind"), ("PriorityScheduler", "rebind"),
