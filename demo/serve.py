@@ -41,18 +41,23 @@ def free_port() -> int:
 
 
 class Server:
-    """``vllm serve MODEL`` on 127.0.0.1, stopped with SIGTERM (it and its children exit)."""
+    """``vllm serve MODEL`` on 127.0.0.1 (or ``argv``, a command that serves ``model`` on
+    ``port``), stopped with SIGTERM: it and its children exit."""
 
     def __init__(self, model: str, *, env: dict[str, str] | None = None, log: Path | None = None,
-                 port: int | None = None, max_num_seqs: int | None = None) -> None:
+                 port: int | None = None, max_num_seqs: int | None = None,
+                 argv: list[str] | None = None, cwd: Path | None = None) -> None:
         self.model = model
         self.port = port or free_port()
-        args = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(self.port),
-                "--enforce-eager", "--dtype", "float32", "--max-model-len", "256"]
-        if max_num_seqs:
-            args += ["--max-num-seqs", str(max_num_seqs)]
+        if argv is None:
+            argv = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port",
+                    str(self.port), "--enforce-eager", "--dtype", "float32", "--max-model-len",
+                    "256"]
+            if max_num_seqs:
+                argv += ["--max-num-seqs", str(max_num_seqs)]
         self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=cwd)
 
     def wait_ready(self, timeout: float = 400) -> float:
         start = time.monotonic()
@@ -81,7 +86,8 @@ class Server:
     def run_behind_blocker(self, prompts: list[str], priorities: list[int]) -> list[dict]:
         """A long request first; once it has produced a token, the prompts, in order."""
         body = {"model": self.model, "prompt": "the blocker request", "max_tokens": 240,
-                "temperature": 0, "ignore_eos": True, "stream": True, "priority": -100}
+                "temperature": 0, "ignore_eos": True, "stream": True, "priority": -100,
+                "request_id": "blocker"}  # vLLM's own field: the scheduler sees cmpl-blocker-0
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
@@ -89,7 +95,7 @@ class Server:
         results: list[dict] = [{} for _ in prompts]
 
         def one(i: int) -> None:
-            results[i] = self.complete(prompts[i], priority=priorities[i])
+            results[i] = self.complete(prompts[i], priority=priorities[i], request_id=str(i))
 
         with urllib.request.urlopen(req, timeout=300) as stream:
             stream.readline()  # the first chunk: the blocker is running now

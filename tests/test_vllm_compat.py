@@ -192,7 +192,7 @@ def test_unchanged_package_patches_the_module_but_engine_core_calls_its_stale_co
     r = runs["unchanged"]
     (engine_core,) = r["engine_core"]
     # The post's own apply() ran in the EngineCore: its log says it replaced the function ...
-    assert ("EngineCore_DP0 vllm_custom_patches.core KVBlockSizesPatch replaced "
+    assert ("EngineCore vllm_custom_patches.core KVBlockSizesPatch replaced "
             "vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes") in r["log"]
     # ... but EngineCore resolved its block sizes through the copy core.py made at import:
     # the replacement never ran, in any process.
@@ -208,7 +208,8 @@ def test_one_import_line_and_entry_point_reach_the_copy_and_schedule_by_priority
     r = runs["compat"]
     (engine_core,) = r["engine_core"]
     # The replacement ran in the EngineCore, called from vllm.v1.engine.core's copy.
-    assert [x["caller"] for x in r["kv"] if x["pid"] == engine_core] == ["vllm.v1.engine.core"]
+    callers = [x["caller"] for x in r["kv"] if x["pid"] == engine_core]
+    assert callers and set(callers) == {"vllm.v1.engine.core"}  # core.py calls it twice
     assert all(x["result"][0] > 0 for x in r["kv"])
     assert r["order"] == ["blocker", "1", "2", "0"]  # priorities 3,1,2: lower runs first
     mine = [e for e in r["events"] if e["pid"] == engine_core
@@ -221,14 +222,15 @@ def test_one_import_line_and_entry_point_reach_the_copy_and_schedule_by_priority
     }
     rebinds = [e for e in mine if e["how"] == "rebind" and e["patch"] == "KVBlockSizes"]
     assert rebinds and "re-bound 0 copies" not in rebinds[0]["detail"]
-    assert any(line.startswith("EngineCore_DP0 importpatch.compat ✓ KVBlockSizesPatch")
+    assert any(line.startswith("EngineCore importpatch.compat ✓ KVBlockSizesPatch")
                for line in r["log"])
 
 
 def test_string_targets_land_at_the_definition_site_in_engine_core(runs: dict) -> None:
     r = runs["strings"]
     (engine_core,) = r["engine_core"]
-    assert [x["caller"] for x in r["kv"] if x["pid"] == engine_core] == ["vllm.v1.engine.core"]
+    callers = [x["caller"] for x in r["kv"] if x["pid"] == engine_core]
+    assert callers and set(callers) == {"vllm.v1.engine.core"}
     assert r["kv"][0]["result"] == runs["compat"]["kv"][0]["result"]  # what vLLM resolves
     applied = [e for e in r["events"] if e["patch"] == "KVBlockSizes" and e["outcome"] == "applied"]
     assert {(e["pid"], e["how"]) for e in applied if e["pid"] == engine_core} == {
