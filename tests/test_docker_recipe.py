@@ -29,8 +29,6 @@ from conftest import ROOT, clean_env, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-dockerfile_parse = pytest.importorskip("dockerfile_parse")  # a dependency of tox's vllm env
-
 DOCKER = ROOT / "examples" / "docker"
 K8S = ROOT / "examples" / "kubernetes" / "vllm-patched.yaml"
 TINY_ARGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "256"]
@@ -59,6 +57,9 @@ class Image:
 
     def play(self, dockerfile: Path, context: Path) -> str:
         import io
+
+        import dockerfile_parse  # a dependency of tox's vllm env
+        import dockerfile_parse.util
 
         parser = dockerfile_parse.DockerfileParser(fileobj=io.BytesIO(dockerfile.read_bytes()))
         args: dict[str, str] = {}
