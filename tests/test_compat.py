@@ -117,7 +117,8 @@ def test_api_is_the_posts_and_a_string_target_imports_nothing(lab: Lab) -> None:
         from importpatch.compat import VLLMPatch, min_vllm_version, PatchManager
         errors = []
         for make in (lambda: type("Loose", (VLLMPatch,), {}), lambda: VLLMPatch[42],
-                     VLLMPatch.apply, lambda: VLLMPatch["not a target!"]):
+                     VLLMPatch.apply, lambda: VLLMPatch["not a target!"],
+                     lambda: min_vllm_version("zero point nine")):
             try:
                 make()
             except (TypeError, ValueError) as exc:
@@ -139,6 +140,7 @@ def test_api_is_the_posts_and_a_string_target_imports_nothing(lab: Lab) -> None:
         "TypeError: Cannot apply base VLLMPatch class directly",
     ]
     assert out[0][3].startswith("DeclarationError: target 'not a target!'")
+    assert out[0][4] == "InvalidVersion: Invalid version: 'zero point nine'"  # at declaration
     assert out[1:] == ["VLLMPatch[Scheduler]", "VLLMPatch[tpkg.kv]", False, False]
 
 
@@ -371,3 +373,29 @@ def test_set_adds_names_the_module_does_not_define_and_members_a_class_only_inhe
                           tpkg.sched.Scheduler().schedule()]))
         ''', enable="Adds,SubPatch")
     assert out == [7, "async only", "fcfs"]
+
+
+def test_compat_patch_manager_names_and_applies_like_the_posts(lab: Lab) -> None:
+    out = lab.json(f'''
+import json, logging, io, sys, importpatch.events
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.INFO)
+from importpatch.compat import PatchManager, VLLMPatch
+
+class KV(VLLMPatch["tpkg.kv"]):
+    def resolve(x):
+        return ["managed", x]
+
+manager = PatchManager()
+manager.register("Managed", KV)
+manager.apply_from_env()  # VLLM_CUSTOM_PATCHES="Managed,Nope"
+import tpkg.core  # imported after apply(): lands at the definition site
+print(json.dumps([tpkg.core.run(1), manager.applied_patches, manager.apply_patch("Nope"),
+                  {EVENTS}, stream.getvalue().splitlines()]))
+''', enable=None, env=custom("Managed,Nope"))
+    assert out[0] == ["managed", 1]
+    assert out[1:3] == [["Managed"], False]
+    assert out[3] == [["applied", "Managed", "tpkg.kv:resolve", "definition-site"]]
+    logged = [line.split(":", 2)[-1] for line in out[4]]
+    assert "Registered patch: Managed" in logged and "Unknown patch: Nope" in logged
+    assert "Successfully applied: ['Managed']" in logged
