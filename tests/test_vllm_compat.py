@@ -52,7 +52,7 @@ PRIORITY = ("PriorityScheduler", "PrioritySchedulerPatch", '''
             new = [r.req_id for r in output.scheduled_new_reqs]
             if new:
                 with open(os.environ["SCHED_LOG"], "a") as f:
-                    f.write(json.dumps({"pid": os.getpid(), "req_ids": new}) + "\n")
+                    f.write(json.dumps({"pid": os.getpid(), "req_ids": new}) + "\\n")
             return output
 
         schedule = schedule_with_priority  # vLLM v1 calls schedule()
