@@ -37,8 +37,9 @@ def __getattr__(name: str) -> Any:
 def enable(*names: str, environ: dict[str, str] | None = None) -> int:
     """Turn patching on now, in this process: patches named here (or by the environment, when
     none are named) plus patches made with ``Patch(...)`` in this process. Targets imported later
-    are patched as they load; targets already imported are patched in place and their
-    ``from x import y`` copies re-bound. Returns the number of enabled patches."""
+    are patched as they load; targets already imported are patched in place, and the copies
+    other modules' source proves (``from x import y``, ...) are re-bound (see ``late``). Returns
+    the number of enabled patches."""
     import os
 
     from . import _boot, config

@@ -19,7 +19,10 @@ Per patch the outcome is one of:
   ``add``, already there), a module is missing while its package is there, or it conflicts with
   another active (enabled or named) patch;
 - ``skip``: the version requirement does not hold, so the import hook would skip it;
-- ``absent``: no target package is in the source, so the hook would never see its modules.
+- ``absent``: no target package is in the source, so the hook would never see its modules;
+- ``already-applied``: nothing fails, but every hunk of a diff is already in the source (its new
+  side is where its old side was expected): the change is upstream. The import hook fails such a
+  patch (``on_error="warn"``: skips it) saying so; remove the patch or bound its Requires.
 An operation whose outcome cannot be told from the source (a class bound by an import, a name that
 may come from ``from x import *``) is ``warn`` and does not fail its patch.
 """
@@ -28,20 +31,21 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import io
 import os
 import re
 import sys
 import tarfile
-import tokenize
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
 from .declare import ADD, CODE_KINDS, DIFF, REPLACE, SET, TRANSFORM
+from .finder import declared
+from .finder import decode_source as _decode
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
+ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
 
 
 class UsageError(Exception):
@@ -76,11 +80,6 @@ def _metadata_fields(text: str) -> dict[str, str]:
         if sep and key in ("Name", "Version"):
             fields.setdefault(key, value.strip())
     return fields
-
-
-def _decode(raw: bytes) -> str:
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-    return raw.decode(encoding).removeprefix("\ufeff")
 
 
 def version_in_source(text: str) -> str | None:
@@ -405,66 +404,8 @@ def open_source(against: str | None) -> Source:
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
-
-_BLOCKS = ("body", "orelse", "finalbody")
-
-
-@dataclasses.dataclass(frozen=True)
-class Binding:
-    kind: str  # def | class | assignment | import
-    line: int
-    node: ast.stmt
-
-
-def _stmt_binds(stmt: ast.stmt, name: str) -> str | None:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
-        return "def"
-    if isinstance(stmt, ast.ClassDef) and stmt.name == name:
-        return "class"
-    targets: list[ast.expr] = []
-    if isinstance(stmt, ast.Assign):
-        targets = stmt.targets
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
-        targets = [stmt.target]
-    elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        for alias in stmt.names:
-            bound = alias.asname or alias.name.partition(".")[0]
-            if bound == name and alias.name != "*":
-                return "import"
-        return None
-    for target in targets:
-        for node in ast.walk(target):
-            if isinstance(node, ast.Name) and node.id == name:
-                return "assignment"
-    return None
-
-
-def bindings(body: list[ast.stmt], name: str) -> list[Binding]:
-    """Every binding of ``name`` in one scope, nested if/try/with/for/match blocks included."""
-    out: list[Binding] = []
-    for stmt in body:
-        kind = _stmt_binds(stmt, name)
-        if kind is not None:
-            out.append(Binding(kind, stmt.lineno, stmt))
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue  # a new scope
-        for field in _BLOCKS:
-            block = getattr(stmt, field, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                out.extend(bindings(block, name))
-        for sub in [*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())]:
-            out.extend(bindings(sub.body, name))
-    return out
-
-
-def _hidden_binders(tree: ast.Module) -> str:
-    """Why a name absent from the source may still exist at run time ('' if nothing suggests so)."""
-    for stmt in tree.body:
-        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
-            return f"'from {stmt.module or '.'} import *' at line {stmt.lineno} may bind it"
-        if isinstance(stmt, ast.FunctionDef) and stmt.name == "__getattr__":
-            return f"the module-level __getattr__ at line {stmt.lineno} may provide it"
-    return ""
+# Where a name is bound is answered by importpatch.bindings, the analysis the loader uses too, so
+# this dry run and the real import agree (tests/test_properties.py checks it on generated modules).
 
 
 @dataclasses.dataclass
@@ -478,32 +419,6 @@ class SymbolResult:
         return dataclasses.asdict(self)
 
 
-def find_symbol(tree: ast.Module, qualname: str) -> tuple[SymbolResult, str]:
-    """Look ``Outer.Inner.attr`` up through class bodies. Returns the result and, when the answer
-    cannot be known from the source, why (else '')."""
-    body: list[ast.stmt] = tree.body
-    parts = qualname.split(".")
-    owner = "the module"
-    for i, part in enumerate(parts):
-        found = bindings(body, part)
-        if not found:
-            why = _hidden_binders(tree) if i == 0 else ""
-            return SymbolResult(qualname, False), why
-        if i == len(parts) - 1:
-            return SymbolResult(qualname, True, found[0].kind, found[0].line), ""
-        classes = [b for b in found if b.kind == "class"]
-        if not classes:
-            b = found[0]
-            return SymbolResult(".".join(parts[: i + 1]), True, b.kind, b.line), (
-                f"{part} in {owner} is bound by {b.kind} at line {b.line}, not a class "
-                f"statement: its attributes cannot be read from the source"
-            )
-        node = classes[0].node
-        assert isinstance(node, ast.ClassDef)
-        body, owner = node.body, f"class {'.'.join(parts[: i + 1])}"
-    raise AssertionError("unreachable")
-
-
 # -- Checking ------------------------------------------------------------------------------------
 
 
@@ -511,13 +426,16 @@ def find_symbol(tree: ast.Module, qualname: str) -> tuple[SymbolResult, str]:
 class HunkResult:
     index: int
     header: str
-    applied: bool
+    applied: bool  # it applies (an already-applied hunk does not)
     expected: str | None = None
     line: int | None = None
     actual: str | None = None
     nearest: int | None = None
     nearest_score: float | None = None
     detail: str = ""
+    verdict: str = "applies"  # "applies", "fails" or "already-applied"
+    kind: str | None = None  # why it fails: one of diffs' kinds (diffs.MISMATCH, ...)
+    fit: int | None = None  # the line of an exact fit the rules refuse, or of the new side
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -551,6 +469,7 @@ class PatchResult:
     requirement_ok: bool = True
     requirement: str = ""
     status: str = OK
+    on_error: str | None = None  # "fail" or "warn"; None when the declaration does not load
     problems: list[str] = dataclasses.field(default_factory=list)
     ops: list[OpResult] = dataclasses.field(default_factory=list)
     base: str | None = None  # a diff patch's Base: header (the release it was made on)
@@ -563,7 +482,8 @@ class PatchResult:
     @property
     def failing(self) -> bool:
         """Whether this result makes ``check`` exit 1."""
-        return (self.active and self.status == FAIL) or (self.named and self.status != OK)
+        broken = self.status in (FAIL, ALREADY_APPLIED)
+        return (self.active and broken) or (self.named and self.status != OK)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -647,6 +567,7 @@ class _Checker:
 
     def diff(self, op: declare.Op, result: OpResult) -> None:
         assert op.file_patch is not None and result.file is not None
+        assert result.module is not None
         fp, text = op.file_patch, self.source.text(result.file)
         hunks = [HunkResult(i, h.header, True) for i, h in enumerate(fp.hunks, 1)]
         result.hunks = hunks
@@ -654,21 +575,36 @@ class _Checker:
             diffs.apply(text, fp)
             result.detail = f"{len(hunks)} hunk(s) apply"
             return
+        except diffs.DiffError as exc:  # a hunk without context (declare refuses those first)
+            result.status, result.detail = FAIL, str(exc)
+            return
         except diffs.HunkMismatch as exc:
-            first = exc
-        # Hunks after the first misfit are tried alone, so the report shows all that drifted.
-        for h in hunks[first.hunk_index - 1:]:
-            m = first if h.index == first.hunk_index else _misfit(text, fp, h.index)
-            if m is not None:
-                h.applied = False
-                h.expected, h.line, h.actual = m.expected, m.line, m.actual
-                h.nearest, h.nearest_score, h.detail = m.nearest, m.nearest_score, str(m)
-        failed = [h for h in hunks if not h.applied]
+            mismatch = exc
+        # diffs.apply names every failing hunk of the file, as the import hook's error does.
+        for m in mismatch.failures:
+            h = hunks[m.hunk_index - 1]
+            h.applied = False
+            h.verdict = ALREADY_APPLIED if m.kind == ALREADY_APPLIED else "fails"
+            h.kind, h.fit = m.kind, m.fit
+            h.expected, h.line, h.actual = m.expected, m.line, m.actual
+            h.nearest, h.nearest_score, h.detail = m.nearest, m.nearest_score, m.describe()
+        top = result.module.partition(".")[0]
+        version = f"{top} {self.version_of(top) or 'version unknown'}"
+        if mismatch.all_applied:
+            result.status, result.detail = ALREADY_APPLIED, mismatch.message(version)
+            return
+        failed = [h.index for h in hunks if not h.applied]
+        upstream = [h.index for h in hunks if h.verdict == ALREADY_APPLIED]
         result.status = FAIL
         result.detail = (
             f"{len(failed)} of {len(hunks)} hunk(s) do not apply "
-            f"(#{', #'.join(str(h.index) for h in failed)})"
+            f"(#{', #'.join(str(i) for i in failed)})"
         )
+        if upstream:
+            result.detail += (
+                f"; #{', #'.join(str(i) for i in upstream)} already applied in this version "
+                f"({version}) and the others not: the change is partly upstream"
+            )
 
     def transform(self, op: declare.Op, result: OpResult) -> None:
         from . import transforms
@@ -682,48 +618,52 @@ class _Checker:
             result.status, result.detail = FAIL, exc.what
 
     def symbol(self, op: declare.Op, result: OpResult) -> None:
+        from . import bindings
+
         assert result.file is not None and op.qualname is not None
         tree = self.tree(result.file)
         if tree is None:
             result.status, result.detail = FAIL, "the module's source does not parse"
             return
-        found, unsure = find_symbol(tree, op.qualname)
-        result.symbol = found
-        where = f"{found.kind} at line {found.line}"
+        v = bindings.verdict(tree, op.qualname, add=op.kind == ADD)
+        b = v.binding
+        found = v.state in (bindings.BOUND, bindings.MAYBE)
+        result.symbol = SymbolResult(op.qualname, found, b.kind if b else None,
+                                     b.line if b else None)
+        where = f"{b.kind} at line {b.line}" if b else ""
+        why = f" ({v.why})" if v.why else ""
         if op.kind == ADD:
             owner = op.qualname.rpartition(".")[0]
-            if unsure:
-                result.status, result.detail = WARN, unsure
-            elif found.found and found.qualname == op.qualname:
+            owner_v = bindings.verdict(tree, owner) if owner else None
+            if owner_v is not None and owner_v.state == bindings.ABSENT:
+                result.status, result.detail = FAIL, f"class {owner} not found"
+            elif owner_v is not None and owner_v.state != bindings.BOUND:
+                result.status, result.detail = WARN, owner_v.why
+            elif v.state == bindings.BOUND:
                 result.status = FAIL
                 result.detail = f"{op.qualname} already exists ({where}); use replace"
-            elif owner and not find_symbol(tree, owner)[0].found:
-                result.status, result.detail = FAIL, f"class {owner} not found"
-            else:
+            elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is free"
-        elif op.kind == SET and not (found.found and found.qualname == op.qualname):
-            # set replaces or adds: only the owner class must be there
-            owner = op.qualname.rpartition(".")[0]
-            if unsure:
-                result.status, result.detail = WARN, unsure
-            elif owner and not find_symbol(tree, owner)[0].found:
-                result.status, result.detail = FAIL, f"class {owner} not found"
             else:
+                result.status, result.detail = WARN, v.why
+        elif op.kind == SET and v.state != bindings.BOUND:
+            # set replaces or adds (setattr, importpatch.compat): only the owner class must be there
+            owner = op.qualname.rpartition(".")[0]
+            owner_v = bindings.verdict(tree, owner) if owner else None
+            if owner_v is not None and owner_v.state == bindings.ABSENT:
+                result.status, result.detail = FAIL, f"class {owner} not found"
+            elif owner_v is not None and owner_v.state != bindings.BOUND:
+                result.status, result.detail = WARN, owner_v.why
+            elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is not there yet: set adds it"
-        elif unsure:
-            result.status, result.detail = WARN, unsure
-        elif found.found:
+            else:
+                result.detail = f"set replaces or adds {op.qualname} ({v.why})"
+        elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
+        elif v.state == bindings.ABSENT:
+            result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
         else:
-            result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}"
-
-
-def _misfit(text: str, fp: diffs.FilePatch, index: int) -> diffs.HunkMismatch | None:
-    try:
-        diffs.apply(text, dataclasses.replace(fp, hunks=(fp.hunks[index - 1],)))
-    except diffs.HunkMismatch as exc:
-        return exc
-    return None
+            result.status, result.detail = WARN, v.why
 
 
 def run(
@@ -780,13 +720,14 @@ def _check_entry(
         result.problems.append(f"the declaration does not load: {entry.error}")
         result.status = FAIL
         return result, []
-    try:
-        patch = catalog.load_patch(entry)
-    except Exception as exc:
-        result.problems.append(f"the declaration does not load: {type(exc).__name__}: {exc}")
+    loaded = declared(entry, checker.version_of)
+    if loaded.patch is None:
+        result.problems.append(f"the declaration does not load: {loaded.error}")
         result.status = FAIL
         return result, []
-    result.requirement_ok, result.requirement = versions.check(patch.requires, checker.version_of)
+    patch = loaded.patch
+    result.on_error = patch.on_error
+    result.requirement_ok, result.requirement = loaded.ok, loaded.why
     pairs = [(op, checker.op(op)) for op in patch.ops]
     advise = getattr(patch, "advice", None)  # importpatch.compat: a target given as an object
     for op, res in pairs:
@@ -812,6 +753,8 @@ def _status(result: PatchResult) -> str:
         return SKIP
     if any(op.status == FAIL for op in result.ops):
         return FAIL
+    if any(op.status == ALREADY_APPLIED for op in result.ops):
+        return ALREADY_APPLIED
     if result.ops and all(op.status == ABSENT for op in result.ops):
         return ABSENT
     return OK

@@ -227,7 +227,9 @@ class ClassPatch(Patch):
             doc=(patch_class.__doc__ or "").strip(),
         )
         self.patch_class = patch_class
-        self.home = patch_class.__module__  # late activation never re-binds what it saved
+        # Late activation never re-binds the names of the module that declared a patch: what it
+        # saved (``_vanilla = Scheduler.schedule``) stays the original.
+        self.defined_in = patch_class.__module__
         self.in_place = obj is not None
         self.live = live
         self.target_text = f"{'|'.join(modules)}:{qual}" if qual else "|".join(modules)

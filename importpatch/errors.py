@@ -22,6 +22,7 @@ class PatchError(ImportError):
         self.what = what
         self.file = file
         self.version = version
+        self.recorded = False  # an event for it was recorded already
 
 
 def installed_version(module: str) -> str:

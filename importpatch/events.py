@@ -27,9 +27,7 @@ _once: set[str] = set()
 def _settings() -> tuple[bool, str | None]:
     from . import config
 
-    return config.is_truthy(config.get(os.environ, config.LOG)), config.get(
-        os.environ, config.EVENTS_DIR
-    )
+    return config.flag(os.environ, config.LOG), config.get(os.environ, config.EVENTS_DIR)
 
 
 def record(
@@ -138,3 +136,40 @@ def events() -> list[dict[str, Any]]:
 def applied() -> list[dict[str, Any]]:
     """Events of patches applied in this process."""
     return [e for e in _events if e["outcome"] == "applied"]
+
+
+# Keys every event line carries ("process" came later: older lines lack it).
+EVENT_KEYS = ("time", "pid", "ppid", "host", "argv", "outcome", "patch", "target", "how", "detail")
+
+
+def read(
+    folder: str | os.PathLike[str], *, strict: bool = False
+) -> tuple[list[dict[str, Any]], int]:
+    """Every event written to ``folder`` by any process, oldest first, and how many lines were not
+    events (not JSON, or without the keys). ``strict``: raise ValueError on such a line instead
+    (a test reading a finished run wants to know; ``importpatch status`` reads live folders)."""
+    import json
+
+    found: list[dict[str, Any]] = []
+    bad = 0
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".jsonl"):
+            continue
+        path = os.path.join(folder, name)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    if not isinstance(event, dict) or any(k not in event for k in EVENT_KEYS):
+                        raise ValueError("missing keys")
+                    event["time"] = float(event["time"])
+                except (ValueError, TypeError) as exc:
+                    if strict:
+                        raise ValueError(f"{path}:{number}: not an event: {exc}") from None
+                    bad += 1
+                    continue
+                found.append(event)
+    found.sort(key=lambda e: e["time"])
+    return found, bad

@@ -10,6 +10,13 @@ Invariants:
   written there would poison later unpatched runs). Its own bytecode cache lives elsewhere.
 - Any failure of an enabled patch raises ``PatchError`` out of ``exec_module``; importlib then
   removes the module from ``sys.modules``, so no half-patched module remains.
+- ``exec_module`` runs what ``get_code`` returns, and that code calls ``landing.begin``/``done``
+  itself: a hook that wraps our ``get_code`` sees the patched code, ``python -m`` (runpy executes
+  ``get_code()``) gets the same checks and events, and code that ran without them fails closed.
+- Other hooks on ``sys.meta_path`` compose: when one looks the module up again through
+  ``importlib.util.find_spec`` while we ask it (wrapt, ddtrace), our loader is made once, innermost,
+  under theirs; when a loader of another hook sits under ours, its ``exec_module`` runs (its
+  callbacks fire) with the file loader handing out our code.
 - importlib's per-module lock serialises concurrent imports of one module, so a module is
   patched exactly once however many threads import it.
 """
@@ -21,7 +28,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from importlib.machinery import ModuleSpec
     from types import CodeType, ModuleType
     from typing import Any
@@ -65,6 +72,50 @@ def applicable_ops(patches: list[Any], fullname: str) -> list[Op]:
     return ops
 
 
+class Declared:
+    """A patch entry's declaration, loaded, with its version requirement judged."""
+
+    __slots__ = ("entry", "patch", "error", "ok", "why")
+
+    def __init__(self, entry: Entry, patch: Patch | None, error: str, ok: bool, why: str) -> None:
+        self.entry, self.patch, self.error, self.ok, self.why = entry, patch, error, ok, why
+
+
+def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None) -> Declared:
+    """Load ``entry``'s declaration (executing its file the first time) and judge its version
+    requirement, with ``version_of`` (default: what is installed). The one implementation the
+    loader, late activation and ``importpatch check`` share; it records nothing."""
+    from .catalog import load_patch
+    from .versions import check, distribution_version
+
+    try:
+        patch = load_patch(entry)
+    except Exception as exc:
+        return Declared(entry, None, f"{type(exc).__name__}: {exc}", False, "")
+    ok, why = check(patch.requires, version_of or distribution_version)
+    return Declared(entry, patch, "", ok, why)
+
+
+def load_patches(entries: list[Entry], module: str) -> tuple[list[Patch], list[Declared]]:
+    """Patches of ``entries`` whose requirement holds (a skip is recorded as an event), once each
+    (two entries may name one Patch object), and the declarations that failed to load."""
+    from . import events
+
+    patches: list[Patch] = []
+    broken: list[Declared] = []
+    for entry in entries:
+        d = declared(entry)
+        if d.patch is None:
+            broken.append(d)
+        elif any(p is d.patch for p in patches):
+            continue
+        elif not d.ok:
+            events.record("skipped", d.patch.name, module, "version", d.why)
+        else:
+            patches.append(d.patch)
+    return patches, broken
+
+
 class PatchFinder:
     """Finds the modules targeted by enabled patches; see the module docstring."""
 
@@ -87,8 +138,32 @@ class PatchFinder:
         entries = self.by_module.get(fullname)
         if entries is None:
             return None
-        spec: ModuleSpec | None = None
-        for finder in sys.meta_path:
+        import _thread
+
+        # Another hook on sys.meta_path (wrapt's, ddtrace's) may look the module up again through
+        # importlib.util.find_spec while we ask it: answer that once (our loader is then the
+        # innermost, under theirs), and no deeper.
+        key = (_thread.get_ident(), fullname)
+        depth = _finding.get(key, 0)
+        if depth >= 2:
+            return None
+        _finding[key] = depth + 1
+        try:
+            spec = self._others(fullname, path, target)
+        finally:
+            if depth:
+                _finding[key] = depth
+            else:
+                del _finding[key]
+        if spec is None or spec.loader is None or holds_patch_loader(spec.loader):
+            return spec
+        # duck-typed: subclassing importlib.abc.Loader would import importlib.abc at start
+        spec.loader = PatchLoader(spec.loader, fullname, spec.origin, entries)  # type: ignore[assignment]
+        spec.cached = None  # never the package's own __pycache__
+        return spec
+
+    def _others(self, fullname: str, path: Any, target: ModuleType | None) -> ModuleSpec | None:
+        for finder in list(sys.meta_path):
             if finder is self or isinstance(finder, PatchFinder):
                 continue
             find = getattr(finder, "find_spec", None)
@@ -96,17 +171,36 @@ class PatchFinder:
                 continue
             spec = find(fullname, path, target)
             if spec is not None:
-                break
-        if spec is None or spec.loader is None:
-            return spec
-        # duck-typed: subclassing importlib.abc.Loader would import importlib.abc at start
-        spec.loader = PatchLoader(spec.loader, fullname, spec.origin, entries)  # type: ignore[assignment]
-        spec.cached = None  # never the package's own __pycache__
-        return spec
+                return spec  # type: ignore[no-any-return]
+        return None
 
     # importlib.invalidate_caches() calls this on every meta path finder.
     def invalidate_caches(self) -> None:
         pass
+
+
+_finding: dict[tuple[int, str], int] = {}  # (thread, module) -> nesting of find_spec calls
+
+
+def holds_patch_loader(loader: Any) -> bool:
+    """Whether ``loader`` is, or wraps (``.loader``, ``__wrapped__``), a PatchLoader."""
+    for _ in range(8):
+        if loader is None:
+            return False
+        if isinstance(loader, PatchLoader):  # wrapt's proxies answer isinstance for the wrapped
+            return True
+        loader = getattr(loader, "__wrapped__", None) or getattr(loader, "loader", None)
+    return False
+
+
+class Build:
+    """What the loader made of the module: code, plan (operations and what the source proves),
+    the patched source text, and the code-changing operations (diffs, transforms)."""
+
+    __slots__ = ("code", "plan", "source", "code_ops")
+
+    def __init__(self, code: CodeType, plan: ModulePlan, source: str, code_ops: list[Op]) -> None:
+        self.code, self.plan, self.source, self.code_ops = code, plan, source, code_ops
 
 
 class PatchLoader:
@@ -119,8 +213,7 @@ class PatchLoader:
         self.fullname = fullname
         self.origin = origin
         self.entries = entries
-        self._built: tuple[CodeType, ModulePlan | None, set[str], str] | None = None
-        self._code_events: list[Op] = []
+        self._built: Build | None = None
 
     def __getattr__(self, name: str) -> Any:
         # is_package, get_filename, get_data, get_resource_reader, path, name ... as the original.
@@ -133,74 +226,75 @@ class PatchLoader:
     def exec_module(self, module: ModuleType) -> None:
         from .errors import PatchError
 
-        code, plan, unseen, _ = self._build()
-        namespace = module.__dict__
-        try:
-            if plan is not None:
-                plan.before_exec(namespace)
-            exec(code, namespace)
-            if plan is not None:
-                plan.finish(namespace, unseen)
-        except PatchError as exc:
-            if exc.module == self.fullname:  # not one raised by a nested import
-                self._record_failure(exc)
-            raise
+        build = self._build()
+        inner = _innermost(self.loader)
+        if inner is self.loader:
+            # Through get_code: a hook that wraps this loader's get_code sees the patched code.
+            exec(self.get_code(self.fullname), module.__dict__)
+        else:
+            # Another hook's loader sits between us and the file loader: run its exec_module (its
+            # callbacks, e.g. wrapt's post-import hooks) with the file loader handing out our code.
+            try:
+                inner.get_code = lambda fullname: self.get_code(fullname)
+            except (AttributeError, TypeError):  # a loader without instance attributes
+                exec(self.get_code(self.fullname), module.__dict__)
+            else:
+                try:
+                    self.loader.exec_module(module)
+                finally:
+                    del inner.get_code
+        if not build.plan.finished:
+            # The code that ran was not ours (a hook replaced it): fail closed, never unpatched.
+            raise build.plan.fail(PatchError(
+                self.entries[0].name, self.fullname,
+                "the module's code ran without importpatch's landings (another import hook "
+                "replaced the code it executed)", file=self.origin,
+            ))
         mark_handled(module, (e.name for e in self.entries))
-        self._after_exec(module)
 
     def get_code(self, fullname: str) -> CodeType:
-        # runpy (python -m) executes get_code()'s result in __main__ itself.
-        return self._build()[0]
+        # runpy (python -m) executes get_code()'s result in __main__ itself: the code calls
+        # landing.begin/done, so it gets the same checks, failures and events as an import.
+        return self._build().code
 
     def get_source(self, fullname: str) -> str:
-        return self._build()[3]
+        return self._build().source
 
     # -- building ------------------------------------------------------------------------------
 
-    def _build(self) -> tuple[CodeType, ModulePlan | None, set[str], str]:
+    def _build(self) -> Build:
         from .errors import PatchError
 
         if self._built is None:
             try:
                 self._built = self._build_uncached()
             except PatchError as exc:
-                self._record_failure(exc)
+                if not exc.recorded:
+                    self._record_failure(exc)
                 raise
         return self._built
 
     def _record_failure(self, exc: Any) -> None:
         from . import events
 
+        exc.recorded = True
         events.record("failed", exc.patch, self.fullname, "import", exc.what)
 
     def _ops(self) -> list[Op]:
-        from . import events
-        from .catalog import load_patch
         from .errors import PatchError
-        from .versions import check
 
-        patches: list[Patch] = []
-        for entry in self.entries:
-            try:
-                patch = load_patch(entry)
-            except Exception as exc:
-                raise PatchError(
-                    entry.name, self.fullname,
-                    f"the patch declaration failed to load from {entry.source}: {exc}",
-                    file=self.origin,
-                ) from exc
-            if any(p is patch for p in patches):
-                continue  # two entries for one Patch object: its ops must apply once
-            ok, why = check(patch.requires)
-            if not ok:
-                events.record("skipped", patch.name, self.fullname, "version", why)
-                continue
-            patches.append(patch)
+        patches, broken = load_patches(self.entries, self.fullname)
+        for d in broken:
+            raise PatchError(
+                d.entry.name, self.fullname,
+                f"the patch declaration failed to load from {d.entry.source}: {d.error}",
+                file=self.origin,
+            )
         return applicable_ops(patches, self.fullname)
 
-    def _build_uncached(self) -> tuple[CodeType, ModulePlan | None, set[str], str]:
+    def _build_uncached(self) -> Build:
         from .errors import PatchError
-        from .landing import tolerated
+        from .landing import record_skip
 
         origin = self.origin
         if origin is None or not hasattr(self.loader, "get_data") or not origin.endswith(".py"):
@@ -215,31 +309,31 @@ class PatchLoader:
                 return self._build_with(origin, ops)
             except PatchError as exc:
                 # Nothing has run yet: drop an on_error="warn" patch and build without it.
-                if not tolerated(exc, [op for op in ops if op.patch.name == exc.patch]):
+                mine = [op for op in ops if op.patch.name == exc.patch]
+                if exc.recorded or not mine or any(op.patch.on_error != "warn" for op in mine):
                     raise
+                record_skip(exc.patch, self.fullname, exc.what)
                 ops = [op for op in ops if op.patch.name != exc.patch]
 
-    def _build_with(
-        self, origin: str, ops: list[Op]
-    ) -> tuple[CodeType, ModulePlan | None, set[str], str]:
+    def _build_with(self, origin: str, ops: list[Op]) -> Build:
         from . import bytecache, landing, publish
         from .declare import CODE_KINDS
         from .errors import PatchError
 
         raw = self.loader.get_data(origin)
-        text = _decode(raw)
+        text = decode_source(raw)
         code_ops = [op for op in ops if op.kind in CODE_KINDS]
         object_ops = [op for op in ops if op.kind not in CODE_KINDS]
         qualnames = sorted({landing.site_of(op)[0] for op in object_ops} - {""})
-        plan = landing.ModulePlan(self.fullname, object_ops, origin) if object_ops else None
-        if plan is not None:
-            landing.register(plan)
+        fact_quals = landing.fact_quals(object_ops)
+        plan = landing.ModulePlan(self.fullname, object_ops, origin)
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
-        cached = bytecache.load(cache_root, key, text) if use_cache else None
-        if cached is not None:
-            code, unseen, patched = cached
+        cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
+        facts = landing.Fact.unpack(cached[1]) if cached is not None else None
+        if cached is not None and facts is not None:
+            code, _, patched = cached
             if patched != text:
                 publish.publish(origin, patched, cache_root)
         else:
@@ -252,8 +346,8 @@ class PatchLoader:
             if patched != text:
                 filename = publish.publish(origin, patched, cache_root)
             try:
-                code, unseen = transforms.compile_module(
-                    self.fullname, origin, patched, qualnames, filename
+                code, facts = transforms.compile_module(
+                    self.fullname, patched, qualnames, fact_quals, filename
                 )
             except SyntaxError as exc:
                 raise PatchError(
@@ -261,37 +355,32 @@ class PatchLoader:
                     f"patched source does not compile: {exc.msg} (line {exc.lineno})", file=origin,
                 ) from None
             if use_cache:
-                bytecache.store(cache_root, key, code, unseen, patched, text)
-        for op in object_ops:
-            qual = landing.site_of(op)[0]
-            if op.patch.on_error == "warn" and qual in unseen:
-                # Landing after execution could fail half-way through a patch; refuse up front.
-                raise PatchError(
-                    op.patch.name, self.fullname,
-                    f"symbol {qual!r} has no binding in the source (target {op.target})",
-                    file=origin,
-                )
-        self._code_events = code_ops
-        return code, plan, unseen, patched
+                bytecache.store(cache_root, key, code, landing.Fact.pack(facts), patched, text)
+        plan.unseen = {q for q, fact in facts.items() if not fact.seen}
+        plan.prepare(facts)  # may fail the import before anything ran
+        build = Build(code, plan, patched, code_ops)
+        plan.after_exec = lambda namespace: self._after_exec(build, namespace)
+        landing.register(plan)
+        return build
 
-    def _after_exec(self, module: ModuleType) -> None:
+    def _after_exec(self, build: Build, namespace: dict[str, Any]) -> None:
         from . import events
 
-        if self._code_events and "triton" in sys.modules:
+        if build.code_ops and "triton" in sys.modules:
             # Triton compiles a kernel's source text, not its code object: fail closed (before
             # anything is reported applied) when a kernel does not carry the patched text.
             from .errors import PatchError
             from .kernels import check_kernels
 
-            code, _, _, patched = self._build()
-            names = list(dict.fromkeys(op.patch.name for op in self._code_events))
+            names = list(dict.fromkeys(op.patch.name for op in build.code_ops))
             try:
-                check_kernels(module, patched, names, code.co_filename)
+                check_kernels(_module_of(namespace, self.fullname), build.source, names,
+                              build.code.co_filename)
             except PatchError as exc:
                 self._record_failure(exc)
                 raise
         seen: set[tuple[str, str]] = set()
-        for op in self._code_events:
+        for op in build.code_ops:
             if (op.patch.name, op.kind) in seen:
                 continue
             seen.add((op.patch.name, op.kind))
@@ -299,7 +388,29 @@ class PatchLoader:
             events.record("applied", op.patch.name, self.fullname, how)
 
 
-def _decode(raw: bytes) -> str:
+def _innermost(loader: Any) -> Any:
+    """The loader at the bottom of a chain of wrapping loaders (``.loader``, ``__wrapped__``)."""
+    for _ in range(8):
+        inner = getattr(loader, "__wrapped__", None) or getattr(loader, "loader", None)
+        if inner is None or not hasattr(inner, "get_code"):
+            return loader
+        loader = inner
+    return loader
+
+
+def _module_of(namespace: dict[str, Any], name: str) -> ModuleType:
+    """The module whose namespace this is (``__main__`` under python -m)."""
+    module = sys.modules.get(namespace.get("__name__", name))
+    if module is not None and vars(module) is namespace:
+        return module
+    import types
+
+    view = types.ModuleType(name)
+    vars(view).update(namespace)
+    return view
+
+
+def decode_source(raw: bytes) -> str:
     """Source bytes to text with the declared encoding, keeping line endings as they are (a CRLF
     file stays CRLF, so diffs made on it still match and the published text is faithful)."""
     import io

@@ -3,16 +3,35 @@
 Monkeypatching after import misses every copy made while the module executed: a decorator that
 registered the function, a dict or list of functions, ``functools.partial``, a default argument,
 a class body alias, and every ``from x import y`` of a module imported during a circular import.
-So the target module's tree is rewritten before it is compiled:
+So the target module's tree is rewritten before it is compiled (``L`` stands for
+``__import__('importpatch.landing').landing``, which resolves through sys.modules at run time, so
+the code works in any namespace, runpy's ``__main__`` too):
 
-    @register                     @__import__('importpatch.landing').landing.land(M, 'f', 'outer')
+    L.begin('M')                  (after the docstring and __future__ imports)
+    @register                     @L.land('M', 'f', 'outer')
     @triton.jit           ==>     @register
     def f(...): ...               @triton.jit
-                                  @__import__('importpatch.landing').landing.land(M, 'f', 'inner')
+                                  @L.land('M', 'f', 'inner')
                                   def f(...): ...
-
     X = make()            ==>     X = make()
-                                  X = __import__(...).landing.land(M, 'X', 'assign')(X)
+                                  X = L.land('M', 'X', 'assign')(X)
+    for X in ...:         ==>     for X in ...:
+                                      X = L.land('M', 'X', 'assign')(X)
+    if __name__ == "__main__":    L.done('M')
+        main()                    if __name__ == "__main__": ...   (else: L.done at the end)
+
+``begin`` adds module-level names (``add``); ``done`` runs ``ModulePlan.finish`` and the loader's
+after-execution steps (Triton kernel check, events). Because they are part of the code, every way
+of running it — import, ``python -m`` (runpy executes ``get_code()`` in ``__main__``), a hook that
+executes ``get_code()`` itself — gets the same checks, failures and events.
+
+Which binding a patch targets (one rule, from ``bindings``): every *independent* binding of the
+name (a ``def``, a ``class``, an assignment, an import, a loop/with/except/case target) lands the
+patch, so each object the name is bound to is patched before anything copies it. A *derived*
+re-binding — its value computed from the name's previous value: ``f = lru_cache(f)``,
+``@x.setter def x``, ``X += 1`` — carries the patched object forward and is not patched again
+(``'follow'``). So ``def f`` + ``f = lru_cache(f)`` is wrapped once, inside the cache, like a
+decorator (``decorated=True`` lands on the ``def`` statement's result, before the re-binding).
 
 Invariants:
 - Only targeted names get a landing; nothing else in the tree changes, and every inserted node
@@ -21,17 +40,28 @@ Invariants:
 - The 'inner' landing stands the replacement in for the undecorated function, so the original
   decorators apply to it (the default); ``decorated=True`` operations land at 'outer', on the
   decorated result. Class ``add`` operations land at 'outer' of the class.
-- A re-binding derived from the previous one (``@x.setter def x``) only records the new value.
-- Each qualname's final bound object is recorded; after the module executed, ``finish`` checks
-  that the module attribute is that object. A name bound in a way not visible here (``globals()``,
-  ``from m import *``, ``exec``) is patched right after execution, and that is logged.
+- Each qualname's final bound object is recorded; ``finish`` checks that the module attribute is
+  that object, or patches it then (a name bound in a way the source does not show: ``globals()``,
+  ``from m import *``, ``exec``), and that is logged as after-exec. "applied" events are recorded
+  once per operation, by ``finish``, when the module has run: a failed import reports none.
 - The code object refers to operations by (module, qualname) only, so the compiled code depends on
   *which* names are targeted and how, never on the replacement objects: that keeps it cacheable.
+- ``on_error="fail"``: what the source proves cannot apply (a target bound nowhere, with nothing
+  that could bind it unseen; an ``add`` of a name bound on every path) fails the import *before*
+  the module's code runs, so no patched object of another patch can have been registered anywhere.
+- ``on_error="warn"`` is all or nothing, per patch and module. Before the module runs, a warn
+  patch that the source proves cannot apply is dropped (nothing of it ever lands). A warn patch
+  whose every operation the source proves (targets bound on every path, adds free, every binding
+  visible) lands at definition sites: it cannot fail later. Any other warn patch is *staged*: none
+  of its operations lands while the module runs; ``finish`` checks all of them and then applies
+  all of them (logged as after-exec) or none (logged as skipped). So no code — of the module or of
+  anything it imports — ever observes a part of a warn patch that then does not apply.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 
 from . import events
 from .declare import ADD, REPLACE, SET, WRAP
@@ -42,93 +72,105 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from typing import Any
 
-    from .declare import Op
-
-_BLOCK_FIELDS = ("body", "orelse", "finalbody")
-
+    from .declare import Op, Patch
 
 # -- Compile time: rewriting the tree ------------------------------------------------------------
 
 
 def site_of(op: Op) -> tuple[str, str]:
     """(qualname where the operation lands, stage). Adds land on the owner's binding; so does a
-    set of a class member (``setattr`` on the finished class), while a set of a module-level
-    name lands on that name's binding, or after execution when the source does not bind it."""
+    set of a class member (``setattr`` on the finished class), while a set of a module-level name
+    lands on that name's bindings (or, when the module binds it nowhere, is added after it ran)."""
     assert op.qualname is not None
-    if op.kind == ADD or (op.kind == SET and "." in op.qualname):
+    if _on_owner(op):
         owner, _, _ = op.qualname.rpartition(".")
         return owner, "outer"
-    if op.kind == SET:
-        return op.qualname, "outer"
     return op.qualname, "outer" if op.decorated else "inner"
 
 
+def _on_owner(op: Op) -> bool:
+    """An add, or a set of a class member: it is ``setattr`` on the owner."""
+    return op.kind == ADD or (op.kind == SET and "." in (op.qualname or ""))
+
+
 def rewrite(tree: ast.Module, module: str, qualnames: Iterable[str]) -> set[str]:
-    """Insert landings for ``qualnames`` (module-level or ``Class.attr`` paths) into ``tree`` in
-    place. Returns the qualnames that have no binding visible in the source."""
+    """Insert landings for ``qualnames`` (module-level or ``Class.attr`` paths) and the
+    ``begin``/``done`` calls into ``tree`` in place. Returns the qualnames that have no binding
+    visible in the source."""
     trie: dict[str, Any] = {}
-    for qual in qualnames:
+    wanted = set(qualnames)
+    for qual in wanted:
         node = trie
         for part in qual.split("."):
             node = node.setdefault(part, {})
         node[""] = qual  # "" marks a target
     found: set[str] = set()
     _rewrite_block(tree.body, module, trie, found)
-    wanted = {q for q in qualnames}
+    _insert_begin_and_done(tree, module)
     return wanted - found
 
 
-def _land_call(module: str, qual: str, stage: str, line: ast.AST) -> ast.expr:
-    # __import__('importpatch.landing').landing.land(module, qual, stage): resolves through
-    # sys.modules at run time, so the code works in any namespace (runpy's __main__ too).
+def _hook_call(func: str, args: list[str], line: ast.AST) -> ast.expr:
     imp = ast.Call(ast.Name("__import__", ast.Load()), [ast.Constant("importpatch.landing")], [])
-    fn = ast.Attribute(ast.Attribute(imp, "landing", ast.Load()), "land", ast.Load())
-    call = ast.Call(fn, [ast.Constant(module), ast.Constant(qual), ast.Constant(stage)], [])
+    fn = ast.Attribute(ast.Attribute(imp, "landing", ast.Load()), func, ast.Load())
+    call = ast.Call(fn, [ast.Constant(a) for a in args], [])
     return ast.fix_missing_locations(ast.copy_location(call, line))
 
 
-def _bound_names(stmt: ast.stmt) -> set[str]:
-    names: set[str] = set()
-    if isinstance(stmt, ast.Assign):
-        for t in stmt.targets:
-            names |= _target_names(t)
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-        if getattr(stmt, "value", None) is not None:
-            names |= _target_names(stmt.target)
-    elif isinstance(stmt, ast.Import):
-        for alias in stmt.names:
-            names.add(alias.asname or alias.name.partition(".")[0])
-    elif isinstance(stmt, ast.ImportFrom):
-        for alias in stmt.names:
-            if alias.name != "*":
-                names.add(alias.asname or alias.name)
-    return names
+def _land_call(module: str, qual: str, stage: str, line: ast.AST) -> ast.expr:
+    return _hook_call("land", [module, qual, stage], line)
 
 
-def _target_names(t: ast.expr) -> set[str]:
-    if isinstance(t, ast.Name):
-        return {t.id}
-    if isinstance(t, (ast.Tuple, ast.List)):
-        out: set[str] = set()
-        for elt in t.elts:
-            out |= _target_names(elt)
-        return out
-    if isinstance(t, ast.Starred):
-        return _target_names(t.value)
-    return set()
+def _land_statement(module: str, qual: str, name: str, stage: str, line: ast.AST) -> ast.stmt:
+    """``name = L.land(module, qual, stage)(name)`` on the line of ``line``."""
+    call = ast.Call(_land_call(module, qual, stage, line), [ast.Name(name, ast.Load())], [])
+    assign = ast.Assign([ast.Name(name, ast.Store())], call)
+    return ast.fix_missing_locations(ast.copy_location(assign, line))
 
 
-def _derived_rebinding(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
-    """``@x.setter def x`` / ``@f.register def f``: the new value is built from the old one."""
-    return any(
-        isinstance(d, ast.Attribute) and isinstance(d.value, ast.Name) and d.value.id == node.name
-        for d in node.decorator_list
+def _is_main_block(stmt: ast.stmt) -> bool:
+    """``if __name__ == "__main__":``"""
+    if not isinstance(stmt, ast.If) or not isinstance(stmt.test, ast.Compare):
+        return False
+    sides = [stmt.test.left, *stmt.test.comparators]
+    return (
+        len(sides) == 2 and isinstance(stmt.test.ops[0], ast.Eq)
+        and any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+        and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides)
     )
+
+
+def _insert_begin_and_done(tree: ast.Module, module: str) -> None:
+    body = tree.body
+    start = 0
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        start = 1  # the docstring stays the docstring
+    while start < len(body) and isinstance(body[start], ast.ImportFrom) \
+            and body[start].module == "__future__":  # type: ignore[attr-defined]
+        start += 1
+    anchor: ast.AST = body[start] if start < len(body) else (body[-1] if body else ast.Pass())
+    if not hasattr(anchor, "lineno"):
+        anchor.lineno, anchor.col_offset = 1, 0  # type: ignore[attr-defined]
+    begin = ast.copy_location(ast.Expr(_hook_call("begin", [module], anchor)), anchor)
+    body.insert(start, begin)
+    # The module "has run" before a trailing `if __name__ == "__main__":` block (under python -m
+    # it calls main(), which must find the module patched and checked), else at the end.
+    end = len(body)
+    if end > start + 1 and _is_main_block(body[-1]):
+        end -= 1
+    last = body[end - 1]
+    line = ast.Pass()
+    line.lineno = line.end_lineno = getattr(last, "end_lineno", None) or last.lineno
+    line.col_offset = line.end_col_offset = 0
+    body.insert(end, ast.copy_location(ast.Expr(_hook_call("done", [module], line)), line))
 
 
 def _rewrite_block(
     body: list[ast.stmt], module: str, trie: dict[str, Any], found: set[str]
 ) -> None:
+    from . import bindings
+
     i = 0
     while i < len(body):
         stmt = body[i]
@@ -142,32 +184,101 @@ def _rewrite_block(
                 if qual is not None:
                     found.add(qual)
                     first = stmt.decorator_list[0] if stmt.decorator_list else stmt
-                    if _derived_rebinding(stmt):
+                    if bindings.is_derived(stmt, stmt.name):
                         stmt.decorator_list.insert(0, _land_call(module, qual, "follow", first))
                     else:
                         stmt.decorator_list.insert(0, _land_call(module, qual, "outer", first))
                         stmt.decorator_list.append(_land_call(module, qual, "inner", stmt))
         else:
-            for name in sorted(_bound_names(stmt)):
+            for name in sorted({n for n, _ in bindings.direct(stmt)}):
                 qual = trie.get(name, {}).get("")
                 if qual is None:
                     continue
                 found.add(qual)
-                land = _land_call(module, qual, "assign", stmt)
-                call = ast.Call(land, [ast.Name(name, ast.Load())], [])
-                assign = ast.Assign([ast.Name(name, ast.Store())], call)
-                inserted.append(ast.fix_missing_locations(ast.copy_location(assign, stmt)))
+                if bindings.is_derived(stmt, name):
+                    # 'check' sees the value it derives from; 'carry' keeps the result.
+                    check = ast.Expr(ast.Call(_land_call(module, qual, "check", stmt),
+                                              [ast.Constant(None)], []))
+                    body.insert(i, ast.fix_missing_locations(ast.copy_location(check, stmt)))
+                    i += 1
+                    inserted.append(_land_statement(module, qual, name, "carry", stmt))
+                else:
+                    inserted.append(_land_statement(module, qual, name, "assign", stmt))
             # Same scope, nested blocks: if/else, try/except/finally, with, for/while, match.
-            for field in _BLOCK_FIELDS:
-                block = getattr(stmt, field, None)
-                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                    _rewrite_block(block, module, trie, found)
-            for handler in getattr(stmt, "handlers", ()) or ():
-                _rewrite_block(handler.body, module, trie, found)
-            for case in getattr(stmt, "cases", ()) or ():
-                _rewrite_block(case.body, module, trie, found)
+            for block in bindings.blocks(stmt):
+                _rewrite_block(block.body, module, trie, found)
+                entry = []
+                for name in sorted({n for n, _ in block.entry}):
+                    qual = trie.get(name, {}).get("")
+                    if qual is not None and block.body:
+                        found.add(qual)
+                        entry.append(_land_statement(module, qual, name, "assign", block.body[0]))
+                block.body[0:0] = entry
         body[i + 1 : i + 1] = inserted
         i += 1 + len(inserted)
+
+
+# -- What the source proves, before the module runs -----------------------------------------------
+
+
+class Fact:
+    """The binding verdict (``bindings.Verdict``) of one qualname and whether a landing site was
+    inserted for it; kept with the compiled code in the bytecode cache."""
+
+    __slots__ = ("state", "seen", "why", "line")
+
+    def __init__(self, state: str, seen: bool, why: str = "", line: int = 0) -> None:
+        self.state, self.seen, self.why, self.line = state, seen, why, line
+
+    # Marks entries of this format: code made before begin/done existed must never be reused.
+    FORMAT = "\tfacts-1"
+
+    @classmethod
+    def pack(cls, facts: dict[str, Fact]) -> set[str]:
+        packed = {cls.FORMAT}
+        for qual, f in facts.items():
+            packed.add("\t".join((qual, f.state, "1" if f.seen else "0", str(f.line), f.why)))
+        return packed
+
+    @classmethod
+    def unpack(cls, packed: Iterable[str]) -> dict[str, Fact] | None:
+        """The facts, or None when ``packed`` is not in this format (an older cache entry)."""
+        items = set(packed)
+        if cls.FORMAT not in items:
+            return None
+        out: dict[str, Fact] = {}
+        for item in items - {cls.FORMAT}:
+            parts = item.split("\t", 4)
+            if len(parts) != 5 or not parts[3].isdigit():
+                return None
+            out[parts[0]] = cls(parts[1], parts[2] == "1", parts[4], int(parts[3]))
+        return out
+
+
+def facts_of(tree: ast.Module, qualnames: Iterable[str]) -> dict[str, Fact]:
+    """What the (not yet rewritten) tree proves of each qualname (``+qual``: of an ``add``
+    target, which fails if the module binds or deletes the name at all)."""
+    from . import bindings
+
+    out = {}
+    for key in qualnames:
+        qual = key.removeprefix("+")
+        v = bindings.verdict(tree, qual, add=key.startswith("+"))
+        line = v.binding.line if v.binding is not None else 0
+        out[key] = Fact(v.state, True, v.why, line)
+    return out
+
+
+def fact_quals(ops: Iterable[Op]) -> set[str]:
+    """Every qualname a plan needs a fact for: targets and the owners adds land on."""
+    quals: set[str] = set()
+    for op in ops:
+        assert op.qualname is not None
+        quals.add(f"+{op.qualname}" if op.kind == ADD else op.qualname)
+        owner = site_of(op)[0]
+        if owner:
+            quals.add(owner)
+    return quals
 
 
 # -- Run time: applying operations as names are bound --------------------------------------------
@@ -179,39 +290,156 @@ class ModulePlan:
     def __init__(self, module: str, ops: list[Op], file: str | None) -> None:
         self.module = module
         self.file = file
+        self.ops = list(ops)
         self.sites: dict[str, dict[str, list[Op]]] = {}
-        for op in ops:
+        for op in self.ops:
             qual, stage = site_of(op)
-            if not qual:  # add to the module itself: done before execution
+            if not qual:  # add to the module itself: done by begin()
                 continue
             self.sites.setdefault(qual, {}).setdefault(stage, []).append(op)
-        self.module_adds = [op for op in ops if op.kind == ADD and "." not in (op.qualname or "")]
-        self.final: dict[str, Any] = {}
         for stages in self.sites.values():
             for stage_ops in stages.values():
                 _check_conflicts(module, stage_ops, file)
                 stage_ops.sort(key=_op_order)
+        self.staged: dict[str, str] = {}  # warn patch name -> why it applies after execution
+        self.final: dict[str, Any] = {}  # qualname -> the object its last landing installed
+        self.landed: set[str] = set()  # qualnames that had a landing with operations
+        self.unseen: set[str] = set()  # targets with no landing site in the code
+        self.finished = False
+        self.after_exec: Callable[[dict[str, Any]], None] | None = None  # the loader's steps
+
+    @property
+    def module_adds(self) -> list[Op]:
+        return [op for op in self.ops if op.kind == ADD and "." not in (op.qualname or "")]
+
+    def fail(self, err: PatchError) -> PatchError:
+        """Record a failure of this module's import (once) and return it, to be raised."""
+        events.record("failed", err.patch, self.module, "import", err.what)
+        return err
+
+    # -- before the module runs
+
+    def prepare(self, facts: dict[str, Fact]) -> None:
+        """Apply what the source proves (see the module docstring): raise for a fail patch that
+        cannot apply, drop a warn patch that cannot apply, stage a warn patch that cannot be
+        proven."""
+        for patch in dict.fromkeys(op.patch for op in self.ops):
+            ops = [op for op in self.ops if op.patch is patch]
+            doomed = next((e for e in (self._doomed(op, facts) for op in ops) if e), None)
+            if doomed is not None:
+                if patch.on_error != "warn":
+                    raise self.fail(doomed)
+                self.drop(patch, doomed.what)
+                continue
+            if patch.on_error == "warn":
+                why = next((w for w in (self._unproven(op, facts) for op in ops) if w), "")
+                if why:
+                    self.staged[patch.name] = why
+
+    def _doomed(self, op: Op, facts: dict[str, Fact]) -> PatchError | None:
+        from .bindings import ABSENT, BOUND
+
+        assert op.qualname is not None
+        owner = site_of(op)[0] if _on_owner(op) else op.qualname
+        if op.kind == SET and not _on_owner(op):
+            owner = ""  # a module-level set replaces, or adds a name the module never binds
+        for qual in ([owner] if owner else []):
+            fact = facts.get(qual)
+            if fact is not None and fact.state == ABSENT:
+                why = f"; {fact.why}" if fact.why else ""
+                return PatchError(
+                    op.patch.name, self.module,
+                    f"symbol {qual!r} not found (target {self.module}:{op.qualname}){why}",
+                    file=self.file,
+                )
+        fact = facts.get(f"+{op.qualname}")
+        if op.kind == ADD and fact is not None and fact.state == BOUND:
+            where = f" (line {fact.line})" if fact.line else ""
+            owner_qual, _, attr = op.qualname.rpartition(".")
+            what = (f"{attr!r} already exists" if owner_qual
+                    else "the module defines that name itself")
+            return PatchError(
+                op.patch.name, self.module, f"add {op.qualname}: {what}{where} (use replace)",
+                file=self.file,
+            )
+        return None
+
+    @staticmethod
+    def _unproven(op: Op, facts: dict[str, Fact]) -> str:
+        from .bindings import ABSENT, BOUND
+
+        assert op.qualname is not None
+        owner = site_of(op)[0]
+        checks = [(owner, BOUND)] if _on_owner(op) and owner else []
+        if op.kind == ADD:
+            checks.append((f"+{op.qualname}", ABSENT))
+        elif op.kind != SET:  # a set needs nothing of the name itself
+            checks.append((op.qualname, BOUND))
+        for qual, wanted in checks:
+            fact = facts.get(qual)
+            if fact is None or fact.state != wanted:
+                return fact.why if fact is not None and fact.why else f"{qual} cannot be proven"
+            if wanted == BOUND and not fact.seen:
+                return f"{qual} is bound in a way the loader cannot land on"
+        return ""
+
+    def drop(self, patch: Patch, why: str) -> None:
+        """Leave a warn patch out of this module entirely (nothing of it has landed)."""
+        record_skip(patch.name, self.module, why)
+        self.ops = [op for op in self.ops if op.patch is not patch]
+        for stages in self.sites.values():
+            for stage, stage_ops in stages.items():
+                stages[stage] = [op for op in stage_ops if op.patch is not patch]
+        self.staged.pop(patch.name, None)
+
+    def begin(self, namespace: dict[str, Any]) -> None:
+        for op in self.module_adds:
+            if op.patch.name in self.staged:
+                continue
+            assert op.qualname is not None
+            # A reload runs the module again in its namespace: the patch's own object is no clash.
+            if op.qualname in namespace and namespace[op.qualname] is not op.obj:
+                raise self.fail(PatchError(
+                    op.patch.name, self.module, f"add {op.qualname}: already exists",
+                    file=self.file))
+            namespace[op.qualname] = op.obj
+
+    # -- while it runs
 
     def land(self, qual: str, stage: str) -> Callable[[Any], Any]:
         def apply(obj: Any) -> Any:
-            if stage == "follow":
-                result = obj
+            if stage in ("check", "follow") and qual in self.landed:
+                # A derived re-binding is about to run (the decorators of a ``def`` run before
+                # the name is re-bound): it derives from the patched object only if nothing
+                # re-bound the name unseen in between (a walrus, ``global`` in a function, ...).
+                current = sys._getframe(1).f_locals.get(qual.rpartition(".")[2], _MISSING)
+                if current is not self.final.get(qual, _MISSING):
+                    self.landed.discard(qual)
+            if stage == "check":
+                return obj
+            stages = self.sites.get(qual, {})
+            if stage in ("follow", "carry") and qual in self.landed:
+                result = obj  # derived from the patched object: carried, not patched again
             elif stage == "inner":
-                inner = self.sites[qual].get("inner", [])
-                result = self._apply(qual, inner, obj, "definition-site")
-            else:  # outer, assign
-                stages = self.sites.get(qual, {})
+                result = self._apply(qual, self._live(stages.get("inner", [])), obj)
+            else:  # outer, assign, or follow / carry of a name not landed yet
                 ops = stages.get("outer", [])
-                if stage == "assign":
+                if stage != "outer":
                     ops = stages.get("inner", []) + ops
-                result = self._apply(qual, ops, obj, "definition-site")
+                result = self._apply(qual, self._live(ops), obj)
             if stage != "inner":
                 self.final[qual] = result
+                if any(self._live(o) for o in stages.values()):
+                    self.landed.add(qual)
             return result
 
         return apply
 
-    def _apply(self, qual: str, ops: list[Op], obj: Any, how: str) -> Any:
+    def _live(self, ops: list[Op]) -> list[Op]:
+        return [op for op in ops if op.patch.name not in self.staged] if self.staged else ops
+
+    def _apply(self, qual: str, ops: list[Op], obj: Any) -> Any:
+        """The one place that makes the object installed at a target from what is there."""
         for op in ops:
             if op.kind == REPLACE:
                 obj = _same_descriptor(obj, op.obj)
@@ -220,89 +448,178 @@ class ModulePlan:
             elif op.kind == ADD:
                 assert op.qualname is not None
                 attr = op.qualname.rpartition(".")[2]
-                if attr in getattr(obj, "__dict__", {}):
-                    err = PatchError(
+                existing = getattr(obj, "__dict__", {}).get(attr, op.obj)
+                if existing is not op.obj:
+                    raise self.fail(PatchError(
                         op.patch.name, self.module,
-                        f"add {op.qualname}: {attr!r} already exists (use replace)", file=self.file,
-                    )
-                    if tolerated(err, [op]):
-                        continue
-                    raise err
+                        f"add {op.qualname}: {attr!r} already exists (use replace)",
+                        file=self.file))
                 setattr(obj, attr, op.obj)
-            elif op.kind == SET:
+            elif op.kind == SET:  # importpatch.compat: setattr, replacing or adding
                 assert op.qualname is not None
-                if "." in op.qualname:  # obj is the owner class: replace or add the member
+                if "." in op.qualname:  # obj is the owner class
                     setattr(obj, op.qualname.rpartition(".")[2], op.obj)
                 else:
                     obj = op.obj
-            events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", how, op.kind)
         return obj
 
-    def before_exec(self, namespace: dict[str, Any]) -> None:
-        for op in self.module_adds:
-            assert op.qualname is not None
-            if op.qualname in namespace:
-                raise PatchError(op.patch.name, self.module, f"add {op.qualname}: already exists")
-            namespace[op.qualname] = op.obj
+    # -- after it ran
 
-    def finish(self, namespace: dict[str, Any], unseen: set[str], *, late: bool = False) -> None:
-        """After execution (or, ``late``, on an already-imported module): every target holds its
-        patched object, or the import fails."""
+    def _resolve(self, namespace: dict[str, Any], qual: str) -> tuple[Any, Any]:
+        try:
+            return resolve(namespace, qual, self)
+        except PatchError as err:
+            raise self.fail(err) from None
+
+    def finish(self, namespace: dict[str, Any]) -> None:
+        """After execution: every target holds its patched object, or the import fails; staged
+        warn patches are applied entirely or skipped entirely; "applied" events are recorded."""
+        unseen = self.unseen
+        for name in list(self.staged):
+            problem = self._cannot_apply(namespace, name)
+            if problem is not None:
+                self.drop(next(op.patch for op in self.ops if op.patch.name == name), problem)
+        how_of: dict[int, str] = {}
         for op in self.module_adds:
             assert op.qualname is not None
-            if namespace.get(op.qualname) is not op.obj:
-                err = PatchError(
+            if op.patch.name in self.staged:
+                namespace[op.qualname] = op.obj
+                how_of[id(op)] = self._after_exec_how(op.patch.name, "")
+            elif namespace.get(op.qualname) is not op.obj:
+                raise self.fail(PatchError(
                     op.patch.name, self.module,
                     f"add {op.qualname}: the module defines that name itself (use replace)",
-                    file=self.file,
-                )
-                if tolerated(err, [op]):
-                    continue
-                raise err
-            how = "in-place" if late else "definition-site"
-            events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", how, op.kind)
+                    file=self.file))
         # Outer classes before their members, so a member patched late sees the final class.
         for qual in sorted(self.sites, key=lambda q: q.count(".")):
             stages = self.sites[qual]
             ops = stages.get("inner", []) + stages.get("outer", [])
-            try:
-                owner, current = resolve(namespace, qual, self)
-            except PatchError as err:
-                if "." not in qual and all(op.kind == SET for op in ops):
-                    # set of a module-level name the module never bound: it is added.
-                    how = "in-place" if late else "after-exec (name not bound by the module)"
-                    namespace[qual] = self.final[qual] = self._apply(qual, ops, None, how)
-                    continue
-                if tolerated(err, ops):
-                    continue
-                raise
-            if qual in self.final and current is self.final[qual]:
+            if not ops:
                 continue
-            why = (
-                "binding not visible in the source"
-                if qual in unseen or qual not in self.final
-                else "name re-bound after its definition"
-            )
-            how = "in-place" if late else f"after-exec ({why})"
-            result = self._apply(qual, ops, current, how)
-            _set(owner, qual.rpartition(".")[2], result)
-            self.final[qual] = result
+            live = self._live(ops)
+            if "." not in qual and qual not in namespace and all(o.kind == SET for o in ops):
+                # a set of a name the module never bound: it is added now
+                namespace[qual] = self.final[qual] = self._apply(qual, live, None)
+                for op in live:
+                    how_of[id(op)] = "after-exec (a name the module does not bind: added)"
+                continue
+            owner, current = self._resolve(namespace, qual)
+            staged = [op for op in ops if op.patch.name in self.staged]
+            if live and not (qual in self.final and current is self.final[qual]):
+                why = (
+                    "binding not visible in the source"
+                    if qual in unseen or qual not in self.final
+                    else "name re-bound after its definition"
+                )
+                current = self._apply(qual, live, current)
+                _set(owner, qual.rpartition(".")[2], current)
+                for op in live:
+                    how_of[id(op)] = f"after-exec ({why})"
+            if staged:
+                current = self._apply(qual, staged, current)
+                _set(owner, qual.rpartition(".")[2], current)
+                for op in staged:
+                    how_of[id(op)] = self._after_exec_how(op.patch.name, qual)
+            self.final[qual] = current
+        for op in self.ops:
+            if op.kind == ADD and "." in (op.qualname or ""):
+                assert op.qualname is not None
+                owner_obj = self._resolve(namespace, site_of(op)[0])[1]
+                attr = op.qualname.rpartition(".")[2]
+                if getattr(owner_obj, "__dict__", {}).get(attr) is not op.obj:
+                    raise self.fail(PatchError(
+                        op.patch.name, self.module,
+                        f"add {op.qualname}: the module sets {attr!r} itself after the class "
+                        "statement (use replace)", file=self.file))
+        for op in self.ops:
+            events.record("applied", op.patch.name, f"{self.module}:{op.qualname}",
+                          how_of.get(id(op), "definition-site"), op.kind)
+        self.finished = True
 
+    def _after_exec_how(self, patch: str, qual: str) -> str:
+        why = self.staged[patch]
+        return f"after-exec (on_error=warn, applied whole after the module ran: {why})"
 
-def tolerated(err: PatchError, ops: list[Op]) -> bool:
-    """``on_error="warn"``: a failure that concerns only such patches is logged, not raised."""
-    if not ops or any(op.patch.on_error != "warn" for op in ops):
-        return False
-    import logging
+    def _cannot_apply(self, namespace: dict[str, Any], patch: str) -> str | None:
+        """Why staged patch ``patch`` cannot apply now, or None."""
+        for op in self.ops:
+            if op.patch.name != patch:
+                continue
+            assert op.qualname is not None
+            owner_qual, _, attr = op.qualname.rpartition(".")
+            try:
+                owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+                if op.kind not in (ADD, SET):
+                    resolve(namespace, op.qualname, self)
+            except PatchError as err:
+                return err.what
+            store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
+            if op.kind == ADD and attr in store:
+                return f"add {op.qualname}: {attr!r} already exists (use replace)"
+        return None
 
-    events.record(
-        "failed", err.patch, err.module, "skipped (on_error=warn)", err.what, level=logging.WARNING
-    )
-    return True
+    # -- an already-imported module (late activation)
+
+    def apply_in_place(self, namespace: dict[str, Any], tree: ast.Module | None) -> None:
+        """Patch an already-executed module: the same objects as at import where the source shows
+        how (decorators re-applied: see ``redecorate``), all of a patch or none of it."""
+        by_patch: dict[str, list[tuple[Op, Any, Any]]] = {}
+        problems: dict[str, str] = {}
+        for op in self.ops:
+            assert op.qualname is not None
+            owner_qual, _, attr = op.qualname.rpartition(".")
+            try:
+                owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+                store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
+                if op.kind in (ADD, SET):  # set: setattr, whatever is there
+                    if op.kind == ADD and attr in store and store[attr] is not op.obj:
+                        raise PatchError(op.patch.name, self.module,
+                                         f"add {op.qualname}: already exists", file=self.file)
+                    by_patch.setdefault(op.patch.name, []).append((op, owner, None))
+                    continue
+                current = resolve(namespace, op.qualname, self)[1]
+                layers = None
+                if not op.decorated:
+                    layers = redecorate_plan(tree, op.qualname, current, self.module)
+                by_patch.setdefault(op.patch.name, []).append((op, owner, layers))
+            except PatchError as err:
+                problems.setdefault(op.patch.name, err.what)
+            except LateRefusal as exc:
+                problems.setdefault(op.patch.name, str(exc))
+        for name, what in problems.items():
+            events.record("failed", name, self.module, "in-place", what)
+        applied = {n: v for n, v in by_patch.items() if n not in problems}
+        ops_ok = [op for op in self.ops if op.patch.name in applied]
+        for qual in sorted({op.qualname or "" for op in ops_ok}, key=lambda q: q.count(".")):
+            here = sorted((o for o in ops_ok if o.qualname == qual), key=_op_order)
+            owner_qual, _, attr = qual.rpartition(".")
+            owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+            adds = [o for o in here if o.kind in (ADD, SET)]
+            for op in adds:
+                _set(owner, attr, op.obj)
+            if adds and qual in self.sites:  # a module-level set: its copies are re-bound
+                self.final[qual] = adds[-1].obj
+            rest = [o for o in here if o.kind not in (ADD, SET)]
+            if not rest:
+                continue
+            current = resolve(namespace, qual, self)[1]
+            inner = [o for o in rest if not o.decorated]
+            outer = [o for o in rest if o.decorated]
+            if inner:
+                layers = next(v[2] for v in applied[inner[0].patch.name] if v[0] is inner[0])
+                current = rebuild(layers, self._apply(qual, inner, peel(layers, current)), owner,
+                                  attr)
+            current = self._apply(qual, outer, current)
+            _set(owner, attr, current)
+            self.final[qual] = current
+        for op in ops_ok:
+            events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", "in-place",
+                          op.kind)
+        self.finished = True
 
 
 def _op_order(op: Op) -> tuple[int, int, str]:
-    # replace first (innermost), then adds and sets, then wraps by (order, patch name).
+    # replace first (innermost), then adds, then wraps by (order, patch name): deterministic.
     rank = {REPLACE: 0, ADD: 1, SET: 1, WRAP: 2}[op.kind]
     return (rank, op.order, op.patch.name)
 
@@ -314,8 +631,8 @@ def _check_conflicts(module: str, ops: list[Op], file: str | None) -> None:
         if op.kind in (REPLACE, SET):
             by_name.setdefault(op.qualname, []).append(op)
     for qualname, replacing in by_name.items():
-        names = sorted({op.patch.name for op in replacing})
         if len(replacing) > 1:
+            names = sorted(op.patch.name for op in replacing)
             verb = "set" if all(op.kind == SET for op in replacing) else "replace"
             raise PatchError(
                 names[0], module,
@@ -332,10 +649,11 @@ def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any
     for i, part in enumerate(parts):
         store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
         if part not in store:
-            ops = plan.sites.get(qual, {})
-            first = next(iter(o for s in ops.values() for o in s))
+            first = next(
+                (o for o in plan.ops if o.qualname == qual or site_of(o)[0] == qual), None
+            )
             raise PatchError(
-                first.patch.name, plan.module,
+                first.patch.name if first is not None else "?", plan.module,
                 f"symbol {'.'.join(parts[: i + 1])!r} not found (target {plan.module}:{qual})",
                 file=plan.file,
             )
@@ -374,7 +692,121 @@ def wrap_object(obj: Any, wrapper: Any) -> Any:
     return wrapt.FunctionWrapper(obj, wrapper)
 
 
+# -- Late: re-applying the original decorators to a replacement -----------------------------------
+
+
+class LateRefusal(Exception):
+    """A patch cannot be applied to an already-imported module the way import would apply it."""
+
+
+# Decorators whose effect can be rebuilt on another function without side effects.
+_REBUILDABLE = ("property", "staticmethod", "classmethod", "cached_property", "lru_cache", "cache")
+
+
+def _decorator_name(expr: ast.expr) -> str:
+    if isinstance(expr, ast.Call):
+        expr = expr.func
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else ast.unparse(expr)
+
+
+def redecorate_plan(
+    tree: ast.Module | None, qual: str, current: Any, module: str
+) -> list[tuple[str, Any]]:
+    """The decorator layers around the undecorated definition of ``qual`` (outermost first), as
+    ``(kind, layer object)``; raises LateRefusal when they cannot be rebuilt."""
+    from . import bindings
+
+    advice = (
+        f"{module} was imported before patching started and {qual} is decorated with "
+        "{what}, which cannot be applied again to the replacement without side effects; "
+        "activate the patch at interpreter start (IMPORTPATCH_ENABLE in the environment)"
+    )
+    if tree is None:
+        if callable(current) and not hasattr(current, "__wrapped__") and not isinstance(
+                current, type):
+            return []
+        raise LateRefusal(advice.format(what="decorators the source (not readable) would show"))
+    body: list[ast.stmt] = tree.body
+    parts = qual.split(".")
+    found: list[bindings.Binding] = []
+    for i, part in enumerate(parts):
+        found = bindings.scope_bindings(body, part)
+        if i < len(parts) - 1:
+            cls = next((b.node for b in found if isinstance(b.node, ast.ClassDef)), None)
+            if cls is None:
+                return []
+            body = cls.body
+    defs = [b for b in found if not b.derived]
+    derived = [b for b in found if b.derived]
+    decorated = [b for b in defs if getattr(b.node, "decorator_list", None)]
+    if not decorated:
+        if derived:
+            raise LateRefusal(advice.format(what=f"a re-binding at line {derived[0].line}"))
+        return []
+    lists = {tuple(ast.dump(d) for d in b.node.decorator_list) for b in decorated}  # type: ignore[attr-defined]
+    names = [_decorator_name(d) for d in decorated[0].node.decorator_list]  # type: ignore[attr-defined]
+    if len(lists) > 1 or len(decorated) != len(defs) or any(n not in _REBUILDABLE for n in names):
+        what = ", ".join(f"@{n}" for n in names if n not in _REBUILDABLE) or "several definitions"
+        raise LateRefusal(advice.format(what=what))
+    for b in derived:  # only the property chain (@x.setter / getter / deleter) is rebuilt
+        decos = getattr(b.node, "decorator_list", [])
+        if not (names[0] == "property" and len(decos) == 1 and isinstance(decos[0], ast.Attribute)
+                and decos[0].attr in ("setter", "getter", "deleter")):
+            raise LateRefusal(advice.format(what=f"a re-binding at line {b.line}"))
+    layers: list[tuple[str, Any]] = []
+    obj = current
+    for name in names:
+        layers.append((name, obj))
+        obj = _inner(name, obj)
+        if obj is None:
+            raise LateRefusal(advice.format(what=f"@{name} (its object is not what it makes)"))
+    return layers
+
+
+def _inner(kind: str, layer: Any) -> Any:
+    import functools
+
+    if kind == "property":
+        return layer.fget if isinstance(layer, property) else None
+    if kind in ("staticmethod", "classmethod"):
+        return layer.__func__ if isinstance(layer, (staticmethod, classmethod)) else None
+    if kind == "cached_property":
+        return layer.func if isinstance(layer, functools.cached_property) else None
+    if hasattr(layer, "cache_parameters") and hasattr(layer, "__wrapped__"):
+        return layer.__wrapped__
+    return None
+
+
+def peel(layers: list[tuple[str, Any]] | None, current: Any) -> Any:
+    """The undecorated object inside ``current``."""
+    for kind, layer in layers or []:
+        current = _inner(kind, layer)
+    return current
+
+
+def rebuild(layers: list[tuple[str, Any]] | None, func: Any, owner: Any, attr: str) -> Any:
+    """``func`` with the decorators of ``layers`` applied again, innermost first."""
+    import functools
+
+    for kind, layer in reversed(layers or []):
+        if kind == "property":
+            func = layer.getter(func)  # keeps the setter, deleter and a doc not from the getter
+        elif kind in ("staticmethod", "classmethod"):
+            func = type(layer)(func)
+        elif kind == "cached_property":
+            func = functools.cached_property(func)
+            func.__set_name__(owner, attr)
+        else:
+            func = functools.lru_cache(**layer.cache_parameters())(func)
+    return func
+
+
+# -- The hooks the rewritten code calls -----------------------------------------------------------
+
 _plans: dict[str, ModulePlan] = {}
+_MISSING: Any = object()
 
 
 def register(plan: ModulePlan) -> None:
@@ -384,3 +816,24 @@ def register(plan: ModulePlan) -> None:
 def land(module: str, qual: str, stage: str) -> Callable[[Any], Any]:
     """Called by rewritten module code (see the module docstring)."""
     return _plans[module].land(qual, stage)
+
+
+def begin(module: str) -> None:
+    """First statement of a patched module's code: names added to the module."""
+    _plans[module].begin(sys._getframe(1).f_globals)
+
+
+def done(module: str) -> None:
+    """Last statement of a patched module's code (before a trailing ``__main__`` block)."""
+    plan = _plans[module]
+    namespace = sys._getframe(1).f_globals
+    plan.finish(namespace)
+    if plan.after_exec is not None:
+        plan.after_exec(namespace)
+
+
+def record_skip(patch: str, module: str, why: str) -> None:
+    """An ``on_error="warn"`` patch left out of ``module`` entirely."""
+    import logging
+
+    events.record("failed", patch, module, "skipped (on_error=warn)", why, level=logging.WARNING)

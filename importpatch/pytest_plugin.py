@@ -61,13 +61,11 @@ class RunResult:
 
 
 def read_events(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every event in ``folder`` (all processes), oldest first."""
-    found: list[dict[str, Any]] = []
-    for file in sorted(Path(folder).glob("*.jsonl")):
-        for line in file.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                found.append(json.loads(line))
-    return sorted(found, key=lambda e: e["time"])
+    """Every event in ``folder`` (all processes), oldest first; a line that is not an event
+    raises (the processes have finished)."""
+    from .events import read
+
+    return read(folder, strict=True)[0]
 
 
 def _child_env(
@@ -94,11 +92,9 @@ def _child_env(
 
 
 def _site_dirs() -> set[str]:
-    import site
+    from .sites import site_packages
 
-    dirs = set(getattr(site, "getsitepackages", list)())
-    user = site.getusersitepackages()
-    return {str(Path(d).resolve()) for d in (*dirs, *([user] if isinstance(user, str) else []))}
+    return {str(Path(d).resolve()) for d, _ in site_packages()}
 
 
 @pytest.fixture

@@ -42,7 +42,12 @@ def parse_spec(spec: str) -> tuple[str, str] | None:
 
 
 def cache_dir() -> str:
-    return os.path.join(config.cache_root(), "releases")
+    root = config.cache_root()
+    if root is None:  # no home folder: never a relative ./~/.cache (config.default_cache_root)
+        from .check import UsageError
+
+        raise UsageError(config.default_cache_root()[1], f"set {config.CACHE_DIR}")
+    return os.path.join(root, "releases")
 
 
 def _stem(name: str, version: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 
 from . import diffs, landing
 from .declare import DIFF, TRANSFORM
@@ -27,14 +28,22 @@ def _by_patch(ops: list[Op], kind: str) -> list[Op]:
     return sorted((op for op in ops if op.kind == kind), key=lambda op: op.patch.name)
 
 
-def patch_text(module: str, file: str, text: str, ops: list[Op]) -> str:
-    """Apply the diffs and AST transforms among ``ops`` to ``text``; raises PatchError."""
+def patch_text(
+    module: str, file: str, text: str, ops: list[Op], *, version: str | None = None
+) -> str:
+    """Apply the diffs and AST transforms among ``ops`` to ``text``; raises PatchError.
+    ``version`` ('vllm 0.33.0') is what a failed diff's message names; default: installed."""
+    from .errors import installed_version
+
     for op in _by_patch(ops, DIFF):
         assert op.file_patch is not None
         try:
             text = diffs.apply(text, op.file_patch)
-        except diffs.HunkMismatch as exc:
-            raise PatchError(op.patch.name, module, str(exc), file=file) from None  # names the path
+        except diffs.HunkMismatch as exc:  # every failing hunk, and whether it is upstream
+            what = exc.message(version or installed_version(module))
+            raise PatchError(op.patch.name, module, what, file=file) from None
+        except diffs.DiffError as exc:  # a -U0 hunk of a FilePatch made without declare
+            raise PatchError(op.patch.name, module, str(exc), file=file) from None
     transforms = _by_patch(ops, TRANSFORM)
     if transforms:
         tree = _parse(text, module, file, transforms[0])
@@ -112,13 +121,22 @@ def splice(text: str, new_tree: ast.Module) -> str:
     return "".join(out)
 
 
+_MAIN_BLOCK = re.compile(r"^if\s+.*__main__", re.M)  # done() must go before such a block
+
+
 def compile_module(
-    module: str, file: str, text: str, qualnames: list[str], code_filename: str
-) -> tuple[CodeType, set[str]]:
-    """Parse the (patched) text, add definition-site landings, compile. Returns the code and the
-    targets with no binding visible in the source."""
-    if not qualnames:  # compiling text directly is about twice as fast as parse + compile(tree)
-        return compile(text, code_filename, "exec", dont_inherit=True), set()
+    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
+) -> tuple[CodeType, dict[str, landing.Fact]]:
+    """Parse the (patched) text, read what it proves of ``fact_quals`` (before the tree changes),
+    add definition-site landings for ``qualnames`` and the begin/done hooks, compile."""
+    if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
+        # Only code changes: nothing to land, nothing to add, so the text plus one closing line
+        # compiles directly (about twice as fast as parse + compile(tree)); lines do not move.
+        closing = f"\n__import__('importpatch.landing').landing.done({module!r})\n"
+        return compile(text + closing, code_filename, "exec", dont_inherit=True), {}
     tree = ast.parse(text, filename=code_filename)
+    facts = landing.facts_of(tree, fact_quals)
     unseen = landing.rewrite(tree, module, qualnames)
-    return compile(tree, code_filename, "exec", dont_inherit=True), unseen
+    for qual in unseen & facts.keys():
+        facts[qual].seen = False
+    return compile(tree, code_filename, "exec", dont_inherit=True), facts

@@ -5,8 +5,8 @@ workers) after many of its modules are imported. Where the ``.pth`` already acti
 the toggles in force now this does nothing; where it did not (``python -S``; a Ray worker whose
 variables arrived after start), or where the toggles changed since (a Ray worker whose node turned
 some patches on at start, and whose driver asked for more by RPC), it activates late: targets
-imported from now on are patched at load, targets already imported are patched in place and their
-copies re-bound; patches already on stay on.
+imported from now on are patched at load, targets already imported are patched in place and the
+copies their importers' source proves are re-bound (see late.py); patches already on stay on.
 
 It also makes vLLM's legacy Ray executor copy the ``IMPORTPATCH_*`` variables to its workers: that
 executor copies only names with the prefixes of ``vllm/ray/ray_env.py`` (``VLLM_``, ``HF_``, ...)

@@ -187,3 +187,140 @@ def test_missing_symbol_raises_patch_error_naming_everything_and_leaves_no_modul
         assert part in message, (part, message)
     # shown even though the caller swallowed the ImportError
     assert "importpatch: failed rep-nope to lpkg.a (import)" in proc.stderr
+
+
+# -- on_error="warn" is all or nothing (issue 11, item 3) --------------------------------------
+
+WARN_TARGET = {"lpkg/__init__.py": "", "lpkg/a.py": '''
+    import os
+
+    SEEN = []
+
+    def register(fn):
+        SEEN.append(fn)
+        return fn
+
+    @register
+    def f():
+        return "orig"
+
+    if os.environ.get("DEFINE_G"):
+        def g():
+            return "g"
+
+    class K:
+        if os.environ.get("DEFINE_G"):
+            attr = 1
+
+    def add_extra(cls):
+        cls.extra = "class decorator's"
+        return cls
+
+    @add_extra
+    class D:
+        pass
+    '''}
+
+
+WARN_IMPORTS = "import lpkg.a as a, importpatch.events"
+
+
+def warn_patch(second: str) -> dict[str, str]:
+    return {"half.py": f'''
+        from importpatch import Patch
+        p = Patch("half", on_error="warn")
+
+        @p.replace("lpkg.a:f")
+        def f():
+            return "patched"
+
+        {second}
+        '''}
+
+
+@pytest.mark.parametrize("second", [
+    'p.replace("lpkg.a:g", lambda: "G")',          # a def under an if that is false
+    'p.replace("lpkg.a:K.attr", 2)',               # a class attribute under a condition
+    'p.add("lpkg.a:D.extra", "patch\'s")',         # an add of a name a class decorator sets
+])
+def test_warn_patch_that_cannot_apply_entirely_applies_nothing(lab: Lab, second: str) -> None:
+    lab.target(WARN_TARGET).patch(warn_patch(second))
+    out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS, imports=WARN_IMPORTS)
+    f, registered, events = out
+    assert f == registered == "orig"  # nothing of the patch was observable, anywhere
+    assert [e[0] for e in events] == ["failed"] and events[0][3] == "skipped (on_error=warn)"
+    # the same patch applies entirely where it can
+    if "D.extra" not in second:
+        out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS,
+                     imports="import os; os.environ['DEFINE_G'] = '1'\n"
+                             "import lpkg.a as a, importpatch.events")
+        assert out[:2] == ["patched", "orig"]  # staged: applied after the module ran
+        assert [e[0] for e in out[2]] == ["applied", "applied"]
+        assert all(e[3].startswith("after-exec (on_error=warn") for e in out[2])
+
+
+def test_warn_patch_the_source_proves_lands_at_the_definition_site(lab: Lab) -> None:
+    lab.target(WARN_TARGET).patch(warn_patch('p.replace("lpkg.a:K", K2 := type("K", (), {}))'))
+    out = values(lab, "a.f()", "a.SEEN[0]()", EVENTS, imports=WARN_IMPORTS)
+    assert out[:2] == ["patched", "patched"]
+    assert [(e[0], e[3]) for e in out[2]] == [("applied", "definition-site")] * 2
+
+
+def test_fail_patch_on_a_symbol_absent_from_the_source_fails_before_the_module_runs(
+    lab: Lab
+) -> None:
+    # another patch's replacement would be registered in a table of another module while the
+    # target runs; the import fails, so nothing of either patch may be registered anywhere
+    lab.target({
+        "lpkg/__init__.py": "",
+        "lpkg/table.py": "HANDLERS = []\n",
+        "lpkg/a.py": '''
+            from lpkg.table import HANDLERS
+
+            def f():
+                return "orig"
+
+            HANDLERS.append(f)
+            ''',
+    }).patch({**replace_f(), **replace_f("lpkg.a:nope", "rep-nope")})
+    out = values(lab, "[h() for h in table.HANDLERS]", "ok",
+                 imports="import lpkg.table as table\ntry:\n    import lpkg.a\n    ok = True\n"
+                         "except ImportError:\n    ok = False")
+    assert out == [[], False]
+
+
+# -- a name bound twice is patched once (item 4) ---------------------------------------------------
+
+
+def test_def_then_functional_decorator_rebinding_is_wrapped_once(lab: Lab) -> None:
+    lab.target({"lpkg/__init__.py": "", "lpkg/a.py": '''
+        import functools
+
+        def f(x):
+            return x
+
+        f = functools.lru_cache(f)
+
+        class C:
+            def m(self):
+                return 1
+            m = staticmethod(m)
+        '''}).patch({"w.py": '''
+        from importpatch import Patch
+        p = Patch("w")
+
+        @p.wrap("lpkg.a:f")
+        def w(wrapped, instance, args, kwargs):
+            return ["w", wrapped(*args, **kwargs)]
+
+        @p.wrap("lpkg.a:C.m")
+        def wm(wrapped, instance, args, kwargs):
+            return ["wm", wrapped(*args, **kwargs)]
+        '''})
+    out = values(lab, "a.f(1)", "a.f.cache_info().currsize", "a.C.m(None)", EVENTS,
+                 imports="import lpkg.a as a, importpatch.events")
+    f, cached, m, events = out
+    assert f == ["w", 1] and cached == 1  # the wrap sits inside the cache, once
+    assert m == ["wm", 1]
+    assert sorted((e[0], e[2]) for e in events) == [("applied", "lpkg.a:C.m"),
+                                                    ("applied", "lpkg.a:f")]

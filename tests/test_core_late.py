@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -38,10 +41,11 @@ PATCHES = {
     "ld.diff": '''\
         --- a/lpk/m.py
         +++ b/lpk/m.py
-        @@ -1,2 +1,2 @@
+        @@ -2,3 +2,3 @@
          def f():
         -    return "orig"
         +    return "diffed"
+
         ''',
 }
 NO_VARS = {"IMPORTPATCH_PATH": None}
@@ -71,7 +75,7 @@ def test_enable_after_import_patches_in_place_and_rebinds_copies(lab: Lab) -> No
     assert sorted((e[2], e[3]) for e in events if e[0] == "applied") == [
         ("lpk.m:K.meth", "in-place"), ("lpk.m:f", "in-place")
     ]
-    assert "re-bound 3 copies in other modules" in details  # u1.f, u2.g, u2.H
+    assert "re-bound 3 copies in other modules: lpk.u1:f, lpk.u2:H, lpk.u2:g" in details
 
 
 def test_patch_made_in_code_is_enabled_in_place_by_enable(lab: Lab) -> None:
@@ -138,3 +142,195 @@ def test_enable_turns_on_no_discovered_patch_that_was_not_asked_for(lab: Lab) ->
     f, events = out
     assert f == "late"
     assert [e for e in events if e[1] == "ld"] == []
+
+
+# -- Only proven copies are re-bound (issue 11, item 1) ----------------------------------------
+
+COPY_TARGET = {
+    "cpk/__init__.py": "",
+    "cpk/m.py": '''
+        DEBUG = False
+
+        def f():
+            return "orig"
+        ''',
+    "cpk/reexport.py": "from cpk.m import *\n",
+    "cpk/user.py": '''
+        import cpk.m as mm
+        from cpk.reexport import f as via_star
+        from cpk.m import DEBUG
+        ENABLED = False  # equal to cpk.m.DEBUG, and the same object: not a copy
+        attr_copy = mm.f
+
+        class K:
+            method = via_star
+        ''',
+}
+COPY_PATCH = {"cp.py": '''
+    from importpatch import Patch
+    import cpk.m as _m
+
+    _orig = _m.f  # the patch keeps the original: late activation must not re-bind it
+    p = Patch("cp")
+
+    @p.replace("cpk.m:f")
+    def f():
+        return "patched(" + _orig() + ")"
+
+    p.replace("cpk.m:DEBUG", True)
+    '''}
+
+
+def test_late_rebinds_only_copies_the_source_proves_and_reports_each(tmp_path: Path,
+                                                                     wheel_venv: Venv) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(COPY_TARGET).patch(COPY_PATCH)
+    out = lab.json(f'''
+        import json, os, posixpath, site, sys
+        import cpk.m, cpk.reexport, cpk.user
+        os.environ["IMPORTPATCH_PATH"] = {str(lab.patches)!r}
+        import importpatch, importpatch.events
+        before = [site.ENABLE_USER_SITE, posixpath.supports_unicode_filenames]
+        importpatch.enable("cp")
+        u = cpk.user
+        print(json.dumps([
+            cpk.m.f(), cpk.reexport.f(), u.via_star(), u.attr_copy(), u.K.method(),
+            cpk.m.DEBUG, cpk.reexport.DEBUG, u.DEBUG, u.ENABLED,
+            [site.ENABLE_USER_SITE, posixpath.supports_unicode_filenames] == before,
+            sys.modules["builtins"].__dict__["False"],
+            [[e["target"], e["detail"]] for e in importpatch.events.events()
+             if e["how"] == "rebind"],
+        ]))
+        ''', enable=None, env={**NO_VARS, "IMPORTPATCH_EVENTS_DIR": str(tmp_path / "ev")})
+    *calls, debug, re_debug, u_debug, enabled, untouched, builtins_false, rebinds = out
+    # the replacement calls the original it saved: no recursion
+    assert calls == ["patched(orig)"] * 5
+    assert [debug, re_debug, u_debug] == [True, True, True]
+    assert enabled is False and untouched is True and builtins_false is False
+    sites = sorted(t for t, d in rebinds if d.startswith("copy of"))
+    assert sites == [
+        "cpk.reexport:DEBUG", "cpk.reexport:f", "cpk.user:DEBUG", "cpk.user:K.method",
+        "cpk.user:attr_copy", "cpk.user:via_star",
+    ]
+    summaries = {t: d for t, d in rebinds if d.startswith("re-bound")}
+    assert summaries["cpk.m:DEBUG"] == (
+        "re-bound 2 copies in other modules: cpk.reexport:DEBUG, cpk.user:DEBUG")
+    # importpatch status counts them (each is an event naming module:name)
+    proc = subprocess.run([str(wheel_venv.script("importpatch")), "status", "--json",
+                           "--events-dir", str(tmp_path / "ev")], capture_output=True, text=True,
+                          check=True)
+    assert json.loads(proc.stdout)["patches"]["cp"]["rebound"] == 6
+
+
+# -- decorated= keeps its meaning late (item 2) --------------------------------------------------
+
+DECO_TARGET = {
+    "dk/__init__.py": "",
+    "dk/m.py": '''
+        import functools
+
+        REGISTRY = []
+
+        def register(fn):
+            REGISTRY.append(fn)
+            return fn
+
+        class C:
+            @property
+            def size(self):
+                return 1
+
+            @size.setter
+            def size(self, value):
+                self.stored = value
+
+            @staticmethod
+            def st():
+                return "st"
+
+            @functools.lru_cache(maxsize=7)
+            def cached(self):
+                return "cached"
+
+        @register
+        def handler():
+            return "orig"
+        ''',
+}
+DECO_PATCH = {"dp.py": '''
+    from importpatch import Patch
+    p = Patch("dp")
+    p.replace("dk.m:C.size", lambda self: 2)
+    p.replace("dk.m:C.st", lambda: "ST")
+    p.replace("dk.m:C.cached", lambda self: "CACHED")
+    reg = Patch("reg")
+    reg.replace("dk.m:handler", lambda: "patched")
+    '''}
+DECO_READ = '''
+    import json, dk.m as m, importpatch.events as ev
+    c = m.C()
+    c.size = 5
+    print(json.dumps([c.size, c.stored, m.C.st(), c.cached(),
+                      m.C.__dict__["cached"].cache_parameters()["maxsize"],
+                      type(m.C.__dict__["size"]).__name__,
+                      [[e["outcome"], e["patch"], e["detail"]] for e in ev.events()
+                       if e["outcome"] == "failed"]]))
+    '''
+
+
+def test_late_replacement_of_decorated_targets_matches_import(tmp_path: Path,
+                                                              wheel_venv: Venv) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(DECO_TARGET).patch(DECO_PATCH)
+    at_import = lab.json(DECO_READ, enable="dp")
+    late = lab.json(textwrap.dedent(f'''
+        import os, dk.m
+        os.environ["IMPORTPATCH_PATH"] = {str(lab.patches)!r}
+        import importpatch
+        importpatch.enable("dp")
+        ''') + textwrap.dedent(DECO_READ), enable=None, env=NO_VARS)
+    assert at_import == late == [2, 5, "ST", "CACHED", 7, "property", []]
+
+
+def test_late_replacement_under_a_registry_decorator_is_refused_with_advice(
+    tmp_path: Path, wheel_venv: Venv
+) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(DECO_TARGET).patch(DECO_PATCH)
+    out = lab.json(f'''
+        import json, os, dk.m as m
+        os.environ["IMPORTPATCH_PATH"] = {str(lab.patches)!r}
+        import importpatch, importpatch.events as ev
+        importpatch.enable("reg")
+        print(json.dumps([m.handler(), m.REGISTRY[0](),
+                          [e["detail"] for e in ev.events() if e["outcome"] == "failed"]]))
+        ''', enable=None, env=NO_VARS)
+    handler, registered, failures = out
+    assert handler == registered == "orig"  # nothing half-done
+    assert len(failures) == 1
+    assert "decorated with @register" in failures[0]
+    assert "activate the patch at interpreter start" in failures[0]
+
+
+def test_a_declaration_that_failed_to_load_late_is_tried_again(tmp_path: Path,
+                                                               wheel_venv: Venv) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(TARGET).patch({"flaky.py": '''
+        import os
+        from importpatch import Patch
+        if os.environ.get("FLAKY_BROKEN"):
+            raise RuntimeError("not yet")
+        Patch("flaky").replace("lpk.m:f", lambda: "flaky")
+        '''})
+    lab.ok("import lpk.m", enable="flaky")  # the index knows the patch (it loaded then)
+    out = lab.json(f'''
+        import json, os, lpk.m
+        os.environ["IMPORTPATCH_PATH"] = {str(lab.patches)!r}
+        os.environ["FLAKY_BROKEN"] = "1"
+        import importpatch, importpatch.events as ev
+        importpatch.enable("flaky")
+        first = lpk.m.f()
+        del os.environ["FLAKY_BROKEN"]
+        importpatch.enable("flaky")
+        print(json.dumps([first, lpk.m.f(),
+                          [e["outcome"] for e in ev.events()
+                           if e["patch"] == "flaky" and e["outcome"] != "info"]]))
+        ''', enable=None, env=NO_VARS)
+    assert out[0] == "orig" and out[1] == "flaky"
+    assert out[2] == ["failed", "applied"]

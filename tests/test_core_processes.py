@@ -144,3 +144,63 @@ def test_editable_install_activates_the_hook(
     assert out[0] == "patched"
     assert Path(out[1]).resolve() == (ROOT / "importpatch" / "__init__.py").resolve()
     assert out[2] == 1
+
+
+# -- python -m is an import like any other (issue 11, item 5) ----------------------------------
+
+MAIN_TARGET = {
+    "mpkg/__init__.py": "",
+    "mpkg/run.py": '''
+        import json
+        globals()["dyn"] = lambda: "orig"
+
+        def value():
+            return "orig"
+
+        if __name__ == "__main__":
+            import importpatch.events as ev
+            print(json.dumps([value(), dyn(), [[e["outcome"], e["target"], e["how"]]
+                                               for e in ev.events()]]))
+        ''',
+}
+
+
+def test_python_dash_m_on_a_target_gets_the_checks_and_events_of_an_import(lab: Lab) -> None:
+    lab.target(MAIN_TARGET).patch({"mp.py": '''
+        from importpatch import Patch
+        p = Patch("mp")
+        p.replace("mpkg.run:value", lambda: "patched")
+        p.replace("mpkg.run:dyn", lambda: "patched")
+        '''})
+    proc = lab.ok(["-m", "mpkg.run"], enable="mp")
+    value, dyn, events = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert value == dyn == "patched"
+    assert sorted(events) == [
+        ["applied", "mpkg.run:dyn", "after-exec (binding not visible in the source)"],
+        ["applied", "mpkg.run:value", "definition-site"],
+    ]
+
+
+def test_python_dash_m_with_a_patch_on_a_missing_symbol_fails_like_an_import(lab: Lab) -> None:
+    lab.target(MAIN_TARGET).patch({"mp.py": '''
+        from importpatch import Patch
+        Patch("mp").replace("mpkg.run:nope", lambda: "patched")
+        '''})
+    proc = lab.run(["-m", "mpkg.run"], enable="mp")
+    assert proc.returncode == 1
+    assert "patch 'mp' cannot apply to mpkg.run" in proc.stderr
+    assert "symbol 'nope' not found" in proc.stderr
+    assert "importpatch: failed mp to mpkg.run (import)" in proc.stderr
+    assert proc.stdout == ""  # the module did not run unpatched
+
+
+def test_python_dash_m_with_a_symbol_bound_only_at_run_time_fails_when_absent(lab: Lab) -> None:
+    # bound through globals(): known only after the module ran; -m must check it like import
+    lab.target(MAIN_TARGET).patch({"mp.py": '''
+        from importpatch import Patch
+        Patch("mp").replace("mpkg.run:dyn_missing", lambda: "patched")
+        '''})
+    proc = lab.run(["-m", "mpkg.run"], enable="mp")
+    assert proc.returncode == 1, proc.stdout
+    assert "symbol 'dyn_missing' not found" in proc.stderr
+    assert proc.stdout == ""

@@ -53,3 +53,50 @@ def test_eight_threads_importing_one_target_land_the_patch_exactly_once(
     assert [(e["outcome"], e["patch"], e["target"]) for e in lines] == [
         ("applied", "sl", "cpkg.slow:f")
     ]
+
+
+ROUNDS = 12
+
+
+def test_two_threads_importing_two_targets_load_both_declarations(
+    wheel_venv: Venv, tmp_path: Path
+) -> None:
+    # Each round: two threads import two different targets at once, each target's patch file
+    # being executed (slowly) for the first time in both threads together. The index is warm.
+    targets: dict[str, str] = {"tt/__init__.py": ""}
+    patches: dict[str, str] = {}
+    for r in range(ROUNDS):
+        for side in "ab":
+            targets[f"tt/m{r}{side}.py"] = 'def f():\n    return "orig"\n'
+            patches[f"p{r}{side}.py"] = f'''
+                import time
+                from importpatch import Patch
+                time.sleep(0.02)  # both threads are inside a declaration at once
+                Patch("p{r}{side}").replace("tt.m{r}{side}:f", lambda: "p{r}{side}")
+                '''
+    lab = Lab(wheel_venv, tmp_path).target(targets).patch(patches)
+    lab.ok("import tt")  # builds the index
+    out = lab.json(f'''
+        import importlib, json, threading
+        results, errors = {{}}, []
+
+        def load(name, barrier):
+            barrier.wait()
+            try:
+                results[name] = importlib.import_module(name).f()
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        for r in range({ROUNDS}):
+            barrier = threading.Barrier(2)
+            threads = [threading.Thread(target=load, args=(f"tt.m{{r}}{{s}}", barrier))
+                       for s in "ab"]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        print(json.dumps([results, errors]))
+        ''', timeout=180)
+    results, errors = out
+    assert errors == []
+    assert results == {f"tt.m{r}{s}": f"p{r}{s}" for r in range(ROUNDS) for s in "ab"}

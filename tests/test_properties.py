@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import difflib
 import shutil
 import subprocess
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from importpatch import landing
+from importpatch import landing, transforms
 from importpatch.declare import Patch, collecting
 from importpatch.diffs import apply, parse
 
@@ -73,10 +73,16 @@ def test_property_difflib_diffs_of_random_edits_apply_exactly(
     ))
     (fp,) = parse(diff).files
     assert fp.module == "pkg.m"
+    if context == 0:  # a -U0 diff is refused unless accepted (Unidiff-Zero: yes)
+        fp = dataclasses.replace(fp, unidiff_zero=True)
     assert apply(old, fp) == new
     # Unrelated lines added above move every hunk; within the offset bound it still applies, as
-    # long as each hunk has lines to anchor it and they occur once (else "nearest" may differ).
-    if all(h.old_len for h in fp.hunks) and len(set(old_lines)) == len(old_lines):
+    # long as each hunk has lines to find it by, they occur once (else "nearest" may differ) and
+    # it is not bound to the start or end of the file (old side from line 1, no trailing context).
+    searched = all(
+        h.old_len and (context == 0 or (h.old_start > 1 and h.trailing)) for h in fp.hunks
+    )
+    if searched and len(set(old_lines)) == len(old_lines):
         prefix = "".join(f"# unrelated {i}{eol}" for i in range(shift))
         assert apply(prefix + old, fp) == prefix + new
 
@@ -115,6 +121,8 @@ def test_property_git_diffs_of_random_edits_apply_exactly(
         cwd=git_repo, check=True, capture_output=True,
     ).stdout.decode()
     (fp,) = parse(diff).files
+    if context == 0:  # a -U0 diff is refused unless accepted (Unidiff-Zero: yes)
+        fp = dataclasses.replace(fp, unidiff_zero=True)
     if "\n" not in old:  # documented: a source without line endings gives new lines LF
         new = new.replace("\r\n", "\n")
     assert apply(old, fp) == new
@@ -139,6 +147,7 @@ class Gen:
         self.classes: list[tuple[str, list[str]]] = []
         self.targets: dict[str, Any] = {}  # qualname -> replacement
         self.kinds: dict[str, str] = {}  # qualname -> def / static / property / value
+        self.carried: set[str] = set()  # targets re-bound by `+=` after the replacement landed
         self.n = 0
 
     def name(self, prefix: str) -> str:
@@ -187,7 +196,10 @@ class Gen:
             line = f"{name} = {value}"
             self.vars.append(name)
             self.target(name, "value", 1000 + self.n)
-        replaced = name in self.targets
+        # `+=` is a derived re-binding: it carries the replaced value, it is not replaced again
+        replaced = name in self.targets and "+=" not in line
+        if name in self.targets and "+=" in line:
+            self.carried.add(name)
         self.emit(line, f"{line}\n{name} = {self.targets[name]}" if replaced else None, indent)
 
     def klass(self) -> None:
@@ -269,15 +281,17 @@ def run_patched(text: str, targets: dict[str, Any]) -> tuple[dict[str, Any], set
     for qual, replacement in targets.items():
         patch.replace(f"{MOD}:{qual}", replacement)
     plan = landing.ModulePlan(MOD, list(patch.ops), "<fuzz>")
-    landing.register(plan)
-    tree = ast.parse(text)
     quals = sorted({landing.site_of(op)[0] for op in patch.ops} - {""})
-    unseen = landing.rewrite(tree, MOD, quals)
+    code, facts = transforms.compile_module(
+        MOD, text, quals, landing.fact_quals(patch.ops), "<fuzz>"
+    )
+    plan.unseen = {q for q, fact in facts.items() if not fact.seen}
+    plan.prepare(facts)
+    landing.register(plan)
     namespace: dict[str, Any] = {"__name__": MOD}
-    plan.before_exec(namespace)
-    exec(compile(tree, "<fuzz>", "exec", dont_inherit=True), namespace)
-    plan.finish(namespace, unseen)
-    return namespace, unseen
+    exec(code, namespace)  # the code calls landing.begin and landing.done itself
+    assert plan.finished
+    return namespace, plan.unseen
 
 
 def behaviour(value: Any) -> Any:
@@ -338,6 +352,8 @@ def test_property_rewritten_random_module_behaves_like_source_level_replacement(
         assert behaviour(patched[name]) == behaviour(expected[name]), (name, original, oracle)
     # Targets hold the replacement objects themselves (decorators applied on top of them).
     for qual, replacement in gen.targets.items():
+        if qual in gen.carried:
+            continue
         owner, _, attr = qual.rpartition(".")
         raw = vars(patched[owner])[attr] if owner else patched[attr]
         inner = {"static": "__func__", "property": "fget"}.get(gen.kinds[qual])

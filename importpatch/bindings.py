@@ -1,0 +1,566 @@
+"""Where a module's source binds a name: one analysis, used by the loader (where a patch lands, and
+what is known before the module runs), by ``importpatch check`` (its verdict) and by late
+activation (which globals of other modules are copies of a target).
+
+Python's rules for a module or class scope, as applied here:
+- Only a plain name binds: ``f = ...``, ``f: T = ...`` (with a value), ``f += ...``, ``def f``,
+  ``class f``, ``import a.b`` (binds ``a``), ``import a.b as f``, ``from m import x as f``,
+  ``for f in ...``, ``with ... as f``, ``except ... as f`` (unbound again when the handler ends),
+  ``case`` captures, ``(f := ...)``. Subscript and attribute targets (``d[k] = ...``,
+  ``o.f = ...``) bind no name. ``del f`` unbinds.
+- Nested blocks (if/else, for/while/else, with, try/except/else/finally, match) are the same
+  scope; function bodies and lambdas are not; a class body is a scope of its own, read for
+  ``Class.attr`` targets.
+- A binding is *conditional* when it is not on every path: under an ``if`` whose test is not a
+  literal, in a loop, in a ``with`` body (a context manager may swallow an exception), in a
+  ``try`` body (unless every handler binds the name too), a handler, a ``match`` case. Literal
+  tests (``if True:``, ``if 0:``) are decided; code under a false one binds nothing.
+- A binding is *derived* when its value is computed from the name's previous value
+  (``f = lru_cache(f)``, ``@x.setter def x``, ``@f.register def f``, ``X += 1``): a patch landed
+  on the earlier binding is carried by it (landing.py).
+- *Hidden binders* may bind a name the source does not show: ``from m import *``, a module
+  ``__getattr__``, ``globals()``, ``vars()``, ``locals()``, ``exec``, ``eval``, ``setattr``,
+  ``__dict__``, ``global NAME`` in a function; for class attributes also class decorators, a
+  metaclass, and ``C.attr = ...`` outside the class.
+"""
+
+from __future__ import annotations
+
+import ast
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+# States of a name at the end of a scope.
+BOUND, MAYBE, UNBOUND = "bound", "maybe", "unbound"
+# Verdicts for a target (see ``verdict``).
+ABSENT, UNKNOWN = "absent", "unknown"
+
+_DYNAMIC_CALLS = frozenset({"globals", "vars", "locals", "exec", "eval", "setattr"})
+
+
+class Binding:
+    """One binding of a name in a scope."""
+
+    __slots__ = ("name", "kind", "line", "node", "conditional", "derived")
+
+    def __init__(
+        self, name: str, kind: str, node: ast.stmt, *, conditional: bool, derived: bool
+    ) -> None:
+        self.name = name
+        self.kind = kind  # def, class, assignment, augmented, import, for, with, except, match, ...
+        self.line = node.lineno
+        self.node = node
+        self.conditional = conditional
+        self.derived = derived
+
+    def __repr__(self) -> str:
+        cond = " conditional" if self.conditional else ""
+        return f"<Binding {self.name} {self.kind} line {self.line}{cond}>"
+
+
+# -- What one statement does ----------------------------------------------------------------------
+
+
+def target_names(target: ast.expr) -> list[str]:
+    """Names a target binds: ``a``, ``a, (b, *c)``; never those inside ``d[k]`` or ``o.attr``."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in target_names(elt)]
+    if isinstance(target, ast.Starred):
+        return target_names(target.value)
+    return []
+
+
+def direct(stmt: ast.stmt) -> list[tuple[str, str]]:
+    """(name, kind) bound by ``stmt`` itself when it completes (not in its nested blocks)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [(stmt.name, "def")]
+    if isinstance(stmt, ast.ClassDef):
+        return [(stmt.name, "class")]
+    if isinstance(stmt, ast.Assign):
+        return [(n, "assignment") for t in stmt.targets for n in target_names(t)]
+    if isinstance(stmt, ast.AnnAssign):
+        return [(n, "assignment") for n in target_names(stmt.target)] if stmt.value else []
+    if isinstance(stmt, ast.AugAssign):
+        return [(n, "augmented assignment") for n in target_names(stmt.target)]
+    if isinstance(stmt, ast.Import):
+        return [(a.asname or a.name.partition(".")[0], "import") for a in stmt.names]
+    if isinstance(stmt, ast.ImportFrom):
+        return [(a.asname or a.name, "import") for a in stmt.names if a.name != "*"]
+    return []
+
+
+def walrus_names(stmt: ast.stmt) -> list[str]:
+    """Names bound by ``(n := ...)`` in the expressions of ``stmt`` (not in nested statements,
+    lambdas or function bodies; a walrus in a comprehension binds in this scope)."""
+    out: list[str] = []
+    stack: list[ast.AST] = [
+        v for f, v in ast.iter_fields(stmt)
+        if f not in ("body", "orelse", "finalbody", "handlers", "cases", "decorator_list")
+        and isinstance(v, ast.AST)
+    ]
+    for f, v in ast.iter_fields(stmt):
+        if f in ("targets", "decorator_list", "items", "bases", "keywords") and isinstance(v, list):
+            stack.extend(x for x in v if isinstance(x, ast.AST))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            out.append(node.target.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def deleted(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, ast.Delete):
+        return [n for t in stmt.targets for n in target_names(t)]
+    return []
+
+
+def _literal(test: ast.expr) -> bool | None:
+    """The truth of a literal test (``True``, ``0``, ``"x"``, ``not False``), else None."""
+    if isinstance(test, ast.Constant):
+        return bool(test.value)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _literal(test.operand)
+        return None if inner is None else not inner
+    return None
+
+
+class Block:
+    """A nested block of the same scope: its statements, the names bound when it is entered
+    (``for``/``with``/``except``/``case`` targets), and whether it runs on every path."""
+
+    __slots__ = ("body", "entry", "conditional", "dead", "unbinds_at_exit")
+
+    def __init__(
+        self, body: list[ast.stmt], *, entry: list[tuple[str, str]] = (),  # type: ignore[assignment]
+        conditional: bool = True, dead: bool = False, unbinds_at_exit: str | None = None,
+    ) -> None:
+        self.body = body
+        self.entry = list(entry)
+        self.conditional = conditional
+        self.dead = dead
+        self.unbinds_at_exit = unbinds_at_exit
+
+
+def _pattern_names(pattern: ast.AST) -> list[str]:
+    out = []
+    for node in ast.walk(pattern):
+        name = getattr(node, "name", None) if isinstance(node, (ast.MatchAs, ast.MatchStar)) \
+            else getattr(node, "rest", None) if isinstance(node, ast.MatchMapping) else None
+        if isinstance(name, str):
+            out.append(name)
+    return out
+
+
+def blocks(stmt: ast.stmt) -> list[Block]:
+    """The nested blocks of ``stmt`` in the same scope (none for def/class)."""
+    if isinstance(stmt, ast.If):
+        lit = _literal(stmt.test)
+        return [
+            Block(stmt.body, conditional=lit is None, dead=lit is False),
+            Block(stmt.orelse, conditional=lit is None, dead=lit is True),
+        ]
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        entry = [(n, "for target") for n in target_names(stmt.target)]
+        return [Block(stmt.body, entry=entry), Block(stmt.orelse)]
+    if isinstance(stmt, ast.While):
+        dead = _literal(stmt.test) is False
+        return [Block(stmt.body, dead=dead), Block(stmt.orelse)]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        entry = [
+            (n, "with target") for item in stmt.items if item.optional_vars is not None
+            for n in target_names(item.optional_vars)
+        ]
+        return [Block(stmt.body, entry=entry)]
+    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        try_stmt: ast.Try = stmt  # type: ignore[assignment]
+        out = [Block(try_stmt.body)]
+        for handler in try_stmt.handlers:
+            entry = [(handler.name, "except target")] if handler.name else []
+            out.append(Block(handler.body, entry=entry, unbinds_at_exit=handler.name))
+        out.append(Block(try_stmt.orelse))
+        out.append(Block(try_stmt.finalbody, conditional=False))
+        return out
+    if isinstance(stmt, ast.Match):
+        return [
+            Block(case.body, entry=[(n, "match capture") for n in _pattern_names(case.pattern)])
+            for case in stmt.cases
+        ]
+    return []
+
+
+def is_derived(stmt: ast.stmt, name: str) -> bool:
+    """Whether ``stmt``'s new value of ``name`` is computed from its previous value."""
+    if isinstance(stmt, ast.AugAssign):
+        return True
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        exprs: list[ast.expr] = list(stmt.decorator_list)
+        if isinstance(stmt, ast.ClassDef):
+            exprs += stmt.bases + [k.value for k in stmt.keywords]
+    elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+        exprs = [stmt.value]
+    else:
+        return False
+    return any(_loads(e, name) for e in exprs)
+
+
+def _loads(expr: ast.expr, name: str) -> bool:
+    """``expr`` reads ``name`` when it is evaluated (lambda bodies are not evaluated then)."""
+    stack: list[ast.AST] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+# -- A scope --------------------------------------------------------------------------------------
+
+
+def scope_bindings(body: list[ast.stmt], name: str) -> list[Binding]:
+    """Every live binding of ``name`` in one scope, in source order (dead code left out)."""
+    return list(_walk(body, name, conditional=False))
+
+
+def touched(body: list[ast.stmt], name: str) -> tuple[str, Binding | None]:
+    """Whether the scope's code binds or deletes ``name`` at all (even if it ends unbound, as after
+    ``except E as name``): BOUND on every path, MAYBE on some, UNBOUND on none. An ``add`` of the
+    name is overwritten or deleted by any of them."""
+    found = list(_walk(body, name, conditional=False, deletions=True))
+    if not found:
+        return UNBOUND, None
+    sure = [b for b in found if not b.conditional]
+    return (BOUND, sure[0]) if sure else (MAYBE, found[0])
+
+
+def _walk(
+    body: list[ast.stmt], name: str, *, conditional: bool, deletions: bool = False
+) -> Iterator[Binding]:
+    for stmt in body:
+        if deletions and name in deleted(stmt):
+            yield Binding(name, "del", stmt, conditional=conditional, derived=False)
+        for bound, kind in direct(stmt):
+            if bound == name:
+                yield Binding(name, kind, stmt, conditional=conditional,
+                              derived=is_derived(stmt, name))
+        if name in walrus_names(stmt):
+            yield Binding(name, "assignment expression", stmt, conditional=True, derived=False)
+        for block in blocks(stmt):
+            if block.dead:
+                continue
+            cond = conditional or block.conditional
+            for bound, kind in block.entry:
+                if bound == name and block.body:
+                    yield Binding(name, kind, block.body[0], conditional=True, derived=False)
+            yield from _walk(block.body, name, conditional=cond, deletions=deletions)
+
+
+def _join(a: str, b: str) -> str:
+    return a if a == b else MAYBE
+
+
+def final_state(body: list[ast.stmt], name: str, state: str = UNBOUND) -> str:
+    """Whether ``name`` is bound when the scope's code has run to its end: BOUND, UNBOUND or
+    MAYBE (bound on some paths only)."""
+    for stmt in body:
+        if any(bound == name for bound, _ in direct(stmt)):
+            state = BOUND
+        elif name in deleted(stmt):
+            state = UNBOUND
+        elif name in walrus_names(stmt):
+            state = _join(state, BOUND) if isinstance(stmt, (ast.If, ast.While)) else BOUND
+        parts = blocks(stmt)
+        if not parts:
+            continue
+        if isinstance(stmt, ast.If):
+            body_block, else_block = parts
+            outcomes = [
+                _run(b, name, state) for b in (body_block, else_block) if not b.dead
+            ]
+            state = outcomes[0] if len(outcomes) == 1 else _join(*outcomes)
+        elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            loop, orelse = parts
+            if not loop.dead:
+                state = _join(state, _run(loop, name, state))
+            state = _join(state, _run(orelse, name, state)) if orelse.body else state
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            state = _join(state, _run(parts[0], name, state))
+        elif isinstance(stmt, ast.Match):
+            outcomes = [_run(b, name, state) for b in parts]
+            irrefutable = any(
+                isinstance(c.pattern, ast.MatchAs) and c.pattern.pattern is None and c.guard is None
+                for c in stmt.cases
+            )
+            if not irrefutable:
+                outcomes.append(state)
+            for o in outcomes[1:]:
+                outcomes[0] = _join(outcomes[0], o)
+            state = outcomes[0] if outcomes else state
+        else:  # try
+            try_block, *handlers, orelse, final = parts
+            after_body = _run(try_block, name, state)
+            partial = _join(state, after_body)  # an exception may come at any point of the body
+            outcome = _run(orelse, name, after_body)
+            for handler in handlers:
+                outcome = _join(outcome, _run(handler, name, partial))
+            state = _run(final, name, outcome)
+    return state
+
+
+def _run(block: Block, name: str, state: str) -> str:
+    for bound, _ in block.entry:
+        if bound == name:
+            state = BOUND
+    state = final_state(block.body, name, state)
+    if block.unbinds_at_exit == name:
+        state = UNBOUND
+    return state
+
+
+def hidden_binders(tree: ast.Module, name: str) -> str:
+    """Why ``name`` may be bound at run time without a binding in the source ('' if nothing)."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+            return f"'from {'.' * stmt.level}{stmt.module or ''} import *' at line {stmt.lineno} " \
+                   "may bind it"
+        if isinstance(stmt, ast.FunctionDef) and stmt.name == "__getattr__":
+            return f"the module-level __getattr__ at line {stmt.lineno} may provide it"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return f"'import *' at line {node.lineno} may bind it"
+        if isinstance(node, ast.Global) and name in node.names:
+            return f"'global {name}' at line {node.lineno} may bind it"
+        reason = _dynamic(node)
+        if reason:
+            return reason
+    return ""
+
+
+def _dynamic(node: ast.AST) -> str:
+    if isinstance(node, ast.Name) and node.id in _DYNAMIC_CALLS and isinstance(node.ctx, ast.Load):
+        return f"{node.id}() at line {node.lineno} may bind names the source does not show"
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        return f"__dict__ at line {node.lineno} may bind names the source does not show"
+    return ""
+
+
+def _class_hidden_binders(tree: ast.Module, cls: ast.ClassDef, attr: str) -> str:
+    if cls.decorator_list:
+        return f"class {cls.name} has decorators (line {cls.lineno}), which may set {attr}"
+    if cls.keywords:
+        return f"class {cls.name} has class keywords (a metaclass?), which may set {attr}"
+    for node in ast.walk(cls):
+        reason = _dynamic(node)
+        if reason:
+            return reason
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            if (isinstance(t, ast.Attribute) and t.attr == attr
+                    and isinstance(t.value, ast.Name) and t.value.id == cls.name):
+                return f"line {t.lineno} sets {cls.name}.{attr} from outside the class"
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("setattr", "delattr")):
+            return f"{node.func.id}() at line {node.lineno} may set {cls.name}.{attr}"
+    return ""
+
+
+class Verdict:
+    """What the source says of a target ``Outer.attr``: ``state`` is BOUND (bound on every path
+    when the module has run), ABSENT (on no path, and nothing hidden may bind it), MAYBE (bound on
+    some paths) or UNKNOWN (not visible, but may be bound in a way the source does not show, or its
+    owner is not a class statement). ``binding``: the first live binding, for messages."""
+
+    __slots__ = ("qualname", "state", "binding", "why", "owner_found")
+
+    def __init__(self, qualname: str, state: str, binding: Binding | None, why: str = "",
+                 owner_found: bool = True) -> None:
+        self.qualname = qualname
+        self.state = state
+        self.binding = binding
+        self.why = why
+        self.owner_found = owner_found
+
+    def __repr__(self) -> str:
+        return f"<Verdict {self.qualname} {self.state} {self.why}>"
+
+
+def verdict(tree: ast.Module, qualname: str, *, add: bool = False) -> Verdict:
+    """The verdict for ``qualname`` (``name`` or ``Class.attr`` paths) in a module's tree.
+    ``add``: for the last part, whether the code binds or deletes the name at all (``touched``):
+    an added name must survive the module's execution."""
+    parts = qualname.split(".")
+    body: list[ast.stmt] = tree.body
+    owner: ast.ClassDef | None = None
+    for depth, part in enumerate(parts):
+        found = scope_bindings(body, part)
+        state = final_state(body, part)
+        if add and depth == len(parts) - 1:
+            state, first_touch = touched(body, part)
+            if first_touch is not None and not found:
+                found = [first_touch]
+        if owner is None:
+            hidden = hidden_binders(tree, part)
+        else:
+            hidden = _class_hidden_binders(tree, owner, part)
+        here = ".".join(parts[: depth + 1])
+        if state == UNBOUND:
+            if hidden:
+                return Verdict(qualname, UNKNOWN, found[0] if found else None, hidden,
+                               owner_found=depth == len(parts) - 1)
+            why = f"{here} is deleted at line {_last_del(body, part)}" if found else ""
+            return Verdict(qualname, ABSENT, found[0] if found else None, why,
+                           owner_found=depth == len(parts) - 1)
+        first = found[0] if found else None
+        if depth == len(parts) - 1:
+            if state == MAYBE:
+                assert first is not None
+                why = f"{here} is bound only on some paths (line {first.line})"
+                return Verdict(qualname, MAYBE, first, why)
+            return Verdict(qualname, BOUND, first)
+        classes = [b for b in found if b.kind == "class"]
+        if state != BOUND or len(classes) != len(found) or not classes:
+            b = first
+            assert b is not None
+            why = (
+                f"{here} is bound by {b.kind} at line {b.line}, not only by a class statement "
+                "on every path: its attributes cannot be read from the source"
+            )
+            return Verdict(qualname, UNKNOWN, b, why)
+        if len(classes) > 1:
+            sub = [verdict_in_class(tree, c.node, parts[depth + 1:], add=add) for c in classes]
+            states = {v.state for v in sub}
+            if len(states) == 1:
+                return sub[0]
+            return Verdict(qualname, MAYBE, sub[0].binding,
+                           f"{here} is defined {len(classes)} times; they differ")
+        node = classes[0].node
+        assert isinstance(node, ast.ClassDef)
+        owner, body = node, node.body
+    raise AssertionError("unreachable")
+
+
+def verdict_in_class(
+    tree: ast.Module, cls: ast.stmt, rest: list[str], *, add: bool = False
+) -> Verdict:
+    assert isinstance(cls, ast.ClassDef)
+    wrapper = ast.Module(body=[cls], type_ignores=[])
+    v = verdict(wrapper, ".".join([cls.name, *rest]), add=add)
+    # hidden binders of the module (C.attr = ... elsewhere) are looked up against the whole tree
+    if v.state == ABSENT and len(rest) == 1:
+        hidden = _class_hidden_binders(tree, cls, rest[0])
+        if hidden:
+            return Verdict(v.qualname, UNKNOWN, v.binding, hidden)
+    return v
+
+
+def _last_del(body: list[ast.stmt], name: str) -> int:
+    line = 0
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Delete) and name in [
+                n for t in node.targets for n in target_names(t)
+            ]:
+                line = node.lineno
+            elif isinstance(node, ast.ExceptHandler) and node.name == name:
+                line = node.end_lineno or node.lineno
+    return line
+
+
+# -- Copies: names another module binds from a target (late activation) ---------------------------
+
+
+def resolve_relative(module: str, level: int, package: str | None) -> str:
+    """``from ..x import y`` in ``package``'s module: the absolute module name."""
+    if not level:
+        return module
+    base = (package or "").rsplit(".", level - 1)[0] if level > 1 else (package or "")
+    return f"{base}.{module}" if module else base
+
+
+def copy_edges(
+    tree: ast.Module, package: str | None, this: str
+) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, int]]]:
+    """How ``this`` module binds names from other modules' names, read from its source.
+
+    Returns ``(edges, stars)``: edges ``(local_qual, source_module, source_qual, line)`` for
+    ``from m import x [as y]``, ``y = m.x`` / ``y = pkg.m.x`` (``m`` bound by an import),
+    ``y = x`` (a local alias: source module ``this``), and class attributes ``C.y = x`` written
+    in the class body; stars ``(source_module, line)`` for ``from m import *``."""
+    edges: list[tuple[str, str, str, int]] = []
+    stars: list[tuple[str, int]] = []
+    modules: dict[str, str] = {}  # local name -> module it may be bound to
+
+    def chain(expr: ast.expr) -> list[str] | None:
+        parts: list[str] = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name):
+            return None
+        parts.append(expr.id)
+        return parts[::-1]
+
+    def sources(expr: ast.expr, scope_quals: dict[str, str]) -> list[tuple[str, str]]:
+        parts = chain(expr)
+        if parts is None:
+            return []
+        head, rest = parts[0], parts[1:]
+        out: list[tuple[str, str]] = []
+        if not rest:
+            out.append((this, scope_quals.get(head, head)))
+        if head in modules:
+            mod = modules[head]
+            for i in range(len(rest)):  # pkg.sub.f: (pkg.sub, f) or (pkg, sub.f)
+                out.append((".".join([mod, *rest[:i]]), ".".join(rest[i:])))
+        elif rest:
+            out.append((this, ".".join(parts)))  # Class.attr of this module
+        return out
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        local_quals: dict[str, str] = {}
+        for stmt in body:
+            if isinstance(stmt, ast.ImportFrom):
+                source = resolve_relative(stmt.module or "", stmt.level, package)
+                for alias in stmt.names:
+                    if alias.name == "*":
+                        stars.append((source, stmt.lineno))
+                        continue
+                    local = alias.asname or alias.name
+                    edges.append((owner + local, source, alias.name, stmt.lineno))
+                    modules[local] = f"{source}.{alias.name}" if source else alias.name
+            elif isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        modules[alias.asname] = alias.name
+                    else:
+                        top = alias.name.partition(".")[0]
+                        modules[top] = top
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                for src_mod, src_qual in sources(stmt.value, local_quals):
+                    edges.extend((owner + n, src_mod, src_qual, stmt.lineno) for n in names)
+            elif isinstance(stmt, ast.ClassDef) and not owner:
+                visit(stmt.body, f"{stmt.name}.")
+            for bound, _ in direct(stmt):
+                if owner:
+                    local_quals[bound] = owner + bound
+            for block in blocks(stmt):
+                visit(block.body, owner)
+
+    visit(tree.body, "")
+    return edges, stars
