@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Venv
+from conftest import Venv, clean_env
 from coreutil import Lab
 
 TARGET = {"tpkg/__init__.py": "", "tpkg/mod.py": "def f():\n    return 'orig'\n"}
@@ -49,7 +49,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> str:
 def test_env_i_starts_clean_so_the_toggles_go_on_its_command_line(lab: Lab, prefix: str) -> None:
     python = str(lab.venv.python)
     base = [f"PYTHONPATH={lab.targets}", f"HOME={lab.root}"]
-    outer = {**os.environ, **toggles(lab, prefix)}  # set in the caller: env -i drops them
+    outer = clean_env(toggles(lab, prefix))  # set in the caller: env -i drops them
     assert run(["env", "-i", *base, python, "-c", READ], env=outer) == "orig"
     passed = [f"{k}={v}" for k, v in toggles(lab, prefix).items()]
     assert run(["env", "-i", *base, *passed, python, "-c", READ]) == "patched"
@@ -76,7 +76,7 @@ def test_sudo_resets_the_environment_and_preserve_env_passes_the_toggles(
 ) -> None:
     sudo_path = sudo()
     python = str(lab.venv.python)
-    env = {**os.environ, **toggles(lab, prefix), "PYTHONPATH": str(lab.targets)}
+    env = clean_env({**toggles(lab, prefix), "PYTHONPATH": str(lab.targets)})
     # Plain sudo: env_reset drops them (PYTHONPATH too), so nothing is patched.
     plain = [sudo_path, "-n", python, "-c", f"import sys; sys.path.insert(0, {str(lab.targets)!r})"
              f"; {READ}"]
@@ -93,8 +93,8 @@ def test_sudo_preserve_env_passes_the_posts_variable_too(lab: Lab) -> None:
         "from importpatch import Patch\n"
         "Patch('Ours').replace('tpkg.mod:f', lambda: 'patched')\n"
     )
-    env = {**os.environ, "VLLM_CUSTOM_PATCHES": "Ours", "PYTHONPATH": str(lab.targets),
-           "IMPORTPATCH_PATH": str(lab.patches), "IMPORTPATCH_CACHE_DIR": str(lab.cache)}
+    env = clean_env({"VLLM_CUSTOM_PATCHES": "Ours", "PYTHONPATH": str(lab.targets),
+                     "IMPORTPATCH_PATH": str(lab.patches), "IMPORTPATCH_CACHE_DIR": str(lab.cache)})
     names = "VLLM_CUSTOM_PATCHES,IMPORTPATCH_PATH,IMPORTPATCH_CACHE_DIR,PYTHONPATH"
     argv = [sudo_path, "-n", f"--preserve-env={names}", str(lab.venv.python), "-c", READ]
     assert run(argv, env=env) == "patched"
