@@ -12,9 +12,10 @@ patches enabled and its own events folder::
 
 ``.events`` holds the events of that process and of every process it started (they inherit
 ``IMPORTPATCH_EVENTS_DIR``), oldest first; ``.processes`` the ``started`` line of each process
-where the hook was active (``importpatch status`` draws the tree from them). Where ``importpatch.pth`` is not installed for
-``sys.executable`` (a checkout on ``PYTHONPATH``), the snippet's driver installs the hook itself
-before the snippet runs; processes the snippet starts are then not patched.
+where the hook was active (``importpatch status`` draws the tree from them). Where
+``importpatch.pth`` is not installed for ``sys.executable`` (a checkout on ``PYTHONPATH``), the
+snippet's driver installs the hook itself before the snippet runs; processes the snippet starts
+are then not patched.
 
 ``assert_applies_cleanly(name, against=None)`` runs ``importpatch check`` in this process
 (nothing is imported) and fails with the report when the patch would not apply.

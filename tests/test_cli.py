@@ -579,7 +579,8 @@ def test_status_shows_each_process_and_its_patch_events_as_a_tree(
                 if any(e["outcome"] == "applied" for e in c["events"])]
     idle = [c for c in root["children"] if c not in applying]
     assert len(applying) == 2
-    assert [c["argv"][-1] for c in idle] == ["from multiprocessing.resource_tracker import main;main(3)"]
+    tracker = "from multiprocessing.resource_tracker import main;main(3)"
+    assert [c["argv"][-1] for c in idle] == [tracker]
     assert [e["outcome"] for e in idle[0]["events"]] == ["started"]
     for proc_row in (root, *applying):
         assert [(e["outcome"], e["patch"], e["target"]) for e in proc_row["events"]
