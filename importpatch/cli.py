@@ -523,6 +523,8 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
             "events": [], "children": [],
         })
         proc["events"].append(event)
+        if argv != proc["argv"]:  # it exec'd another program (Ray: setup_worker, default_worker)
+            proc["argv"], proc["ray_node"] = argv, fields["ray_node"]
         if fields["process"]:  # a multiprocessing child's first line may predate its name
             proc["process"] = fields["process"]
     return procs, bad

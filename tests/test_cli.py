@@ -601,6 +601,31 @@ def test_status_shows_each_process_and_its_patch_events_as_a_tree(
     assert_fits(human.stdout)
 
 
+def test_status_names_a_process_by_the_program_it_exec_d_into(
+    wheel_venv: Venv, tmp_path: Path
+) -> None:
+    # Ray's runtime_env workers start as setup_worker.py and exec default_worker.py (same pid):
+    # the "started" line of the first program comes before the patch events of the second.
+    (tmp_path / "spkg").mkdir()
+    (tmp_path / "spkg" / "__init__.py").write_text("")
+    (tmp_path / "spkg" / "mod.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "wrapf.py").write_text(
+        'from importpatch import Patch\nPatch("wrap-f").wrap("spkg.mod:f", lambda w, i, a, k: 2)\n')
+    (tmp_path / "second.py").write_text("import spkg.mod\nassert spkg.mod.f() == 2\n")
+    (tmp_path / "first.py").write_text(
+        "import os, sys\nos.execv(sys.executable, [sys.executable, sys.argv[1]])\n")
+    events = tmp_path / "events"
+    proc = wheel_venv.run([str(tmp_path / "first.py"), str(tmp_path / "second.py")], env={
+        "IMPORTPATCH_ENABLE": "wrap-f", "IMPORTPATCH_PATH": str(tmp_path / "p"),
+        "IMPORTPATCH_EVENTS_DIR": str(events), "PYTHONPATH": str(tmp_path),
+    }, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (root,) = ip_json(wheel_venv, "status", "--events-dir", events)["processes"]
+    assert root["argv"][1:] == [str(tmp_path / "second.py")]  # not first.py
+    assert [e["outcome"] for e in root["events"]] == ["started", "started", "applied"]
+
+
 def test_status_without_an_events_folder_is_a_usage_error(wheel_venv: Venv) -> None:
     proc = ip(wheel_venv, "status")
     assert proc.returncode == 2
