@@ -1,9 +1,23 @@
 """Interpreter start: called by the ``.pth`` line (and by the PEP 829 ``.start`` file) when an
-``IMPORTPATCH_*`` variable is set or the default-on stamp is missing.
+``IMPORTPATCH_*`` (or ``VLLM_CUSTOM_PATCHES``) variable is set or the "nothing is on by default"
+stamp is missing.
 
-Invariants: ``start`` never raises (a broken configuration is reported on stderr and the
-failure is deferred to the import of a targeted module); calling it twice installs one finder
-(venvs run ``.pth`` files twice on some Pythons); nothing heavier than the catalog index is read.
+Invariants:
+- ``start`` never raises: nothing patch code raises (``SystemExit``, ``KeyboardInterrupt``,
+  ``GeneratorExit`` included) gets out, a broken configuration is reported on stderr (once per
+  process) and the failure is deferred to the import of a targeted module. The one exception is a
+  real Ctrl-C during start-up: discovery is abandoned without writing anything and the
+  ``KeyboardInterrupt`` goes on, as it would without importpatch (see catalog.run_patch_code).
+- It works once per process (venvs run ``.pth`` files twice).
+- Discovery runs when the site module has finished building ``sys.path`` (at its import of
+  ``sitecustomize``), never in the middle of ``.pth`` processing: a patch package (or its
+  editable finder) on a folder that a later ``.pth`` or a later site folder adds is seen, and the
+  index is keyed on the whole search path.
+- The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime of its site folder>-<length
+  of sys.path when it ran>``) are written only where that key covers everything that decides
+  "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, and no folder on
+  the search path that can gain a distribution without changing the site folder's mtime (only
+  the standard library's folders besides it). Elsewhere the index decides, in every process.
 """
 
 from __future__ import annotations
@@ -14,31 +28,101 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from importlib.machinery import ModuleSpec
+    from typing import Any
 
     from .catalog import Entry
     from .finder import PatchFinder
 
+_started = False
+# What the .pth line saw: its site folder, that folder's mtime and the length of sys.path.
+_pth: tuple[str, int, int] | None = None
+
 
 def start(sitedir: str | None = None) -> None:
+    """The start-up hook. ``sitedir``: the site folder of the ``.pth`` that calls it (None from
+    the PEP 829 ``.start`` file, which runs after all ``.pth`` files)."""
+    global _started, _pth
+    if _started:
+        return
+    _started = True
     try:
-        activate(sitedir=sitedir)
-    except Exception as exc:
-        try:  # noqa: SIM105 (contextlib is not loaded at interpreter start; keep it so)
-            sys.stderr.write(f"importpatch: warning: not activated: {type(exc).__name__}: {exc}\n")
-        except Exception:
-            pass
+        from . import config
+
+        toggles = config.read()
+        _warn_problems(toggles.problems)
+        if toggles.off:
+            return
+        if sitedir is not None:
+            _pth = (sitedir, os.stat(sitedir).st_mtime_ns, len(sys.path))
+        import builtins
+
+        if hasattr(builtins, "help") or sys.flags.no_site:  # a call after site's work (or -S)
+            activate(start=True)
+        else:  # the .pth line, or the .start file: site is still building sys.path
+            sys.meta_path.insert(0, _AfterSite())
+    except BaseException as exc:  # noqa: BLE001 (start-up must not fail; see the docstring)
+        _fail(exc)
 
 
-def stamp_path(root: str, sitedir: str) -> str:
-    """The .pth line checks this file inline (keep in step with bootstrap/importpatch.pth): it
-    exists when the index of ``sitedir`` at its current mtime found no patch on by default."""
-    return os.path.join(
-        root, "sites", sitedir.replace(os.sep, "%") + "-" + str(os.stat(sitedir).st_mtime_ns)
-    )
+class _AfterSite:
+    """On ``sys.meta_path`` from the ``.pth`` line to the end of site's work: activates at the
+    first import after every site folder and ``.pth`` file was processed (site's import of
+    ``sitecustomize``; site sets ``builtins.help`` just before), then hands that import on."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        import builtins
+
+        if name not in ("sitecustomize", "usercustomize") and not hasattr(builtins, "help"):
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        try:
+            _activate_at_start()
+        except BaseException as exc:  # noqa: BLE001
+            _fail(exc)
+        # importlib iterates sys.meta_path while this runs: search the finders now in place
+        # (the patch finder first) instead of relying on where its iteration goes on.
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                return spec  # type: ignore[no-any-return]
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _activate_at_start() -> None:
+    from . import sites
+
+    sites.site_path = list(sys.path)  # the interpreter puts the script folder first later
+    activate(start=True)
+
+
+def _fail(exc: BaseException) -> None:
+    if isinstance(exc, KeyboardInterrupt):
+        from .catalog import _SigintWatch
+
+        if _SigintWatch.hit:  # a real Ctrl-C: let it stop the process (see the docstring)
+            raise exc
+    try:  # noqa: SIM105 (contextlib is not loaded at interpreter start; keep it so)
+        sys.stderr.write(f"importpatch: warning: not activated: {type(exc).__name__}: {exc}\n")
+    except Exception:
+        pass
+
+
+def _warn_problems(problems: tuple[str, ...]) -> None:
+    if problems:
+        from . import events
+
+        for problem in problems:
+            events.warn_once(problem, problem)
 
 
 def activate(
-    environ: Mapping[str, str] | None = None, *, sitedir: str | None = None, late: bool = False
+    environ: Mapping[str, str] | None = None, *, late: bool = False, start: bool = False
 ) -> PatchFinder | None:
     """Read the toggles, discover patches, install the finder for the enabled ones.
 
@@ -49,13 +133,18 @@ def activate(
     global activated_with
     activated_with = toggles_key(environ)
     toggles = config.read(environ)
-    for problem in toggles.problems:
-        events.warn_once(problem, problem)
+    if not start:
+        _warn_problems(toggles.problems)
     if toggles.off:
         finder.uninstall()
         return None
     bytecache.reset()
-    entries = catalog.load(toggles) + api_entries()
+    if bytecache.usable_root() is None and not config.get(os.environ, config.CACHE_DIR):
+        problem = config.default_cache_root()[1]
+        if problem:
+            events.warn_once("cache-root", problem + "; running without a cache")
+    index = catalog.load_index(toggles)
+    entries = (index.entries or []) + api_entries()
     chosen = [e for e in entries if toggles.decide(e.name, bool(e.default))[0]]
     known = {e.name for e in entries}
     unknown = sorted(toggles.enable - known)
@@ -65,15 +154,17 @@ def activate(
             f"unknown patch name(s) {', '.join(unknown)} in {config.ENABLE}; "
             f"known: {', '.join(sorted(known)) or '(none)'}",
         )
-    for e in chosen:
-        if e.error:
+    for e in entries:
+        # Enabled and broken, or broken before it said what it declares (it may hold a patch on
+        # by default): say so once per process.
+        if e.error and (e in chosen or (e.unsure and not toggles.off)):
             events.warn_once(
                 f"broken:{e.source}", f"patch {e.name} ({e.source}) is broken: {e.error}"
             )
     if not chosen:
         finder.uninstall()
-        if sitedir and not toggles.anything_requested and not any(e.default for e in entries):
-            _write_stamp(sitedir)
+        if start and not toggles.anything_requested:
+            _write_stamp(index, entries)
         return None
     installed = finder.install(chosen)
     if late:
@@ -94,7 +185,7 @@ def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, .
 
     env = os.environ if environ is None else environ
     return tuple(config.get(env, v) for v in (config.ENABLE, config.DISABLE, config.OFF,
-                                               config.PATH))
+                                               config.PATH)) + (env.get(config.CUSTOM_PATCHES),)
 
 
 def api_entries() -> list[Entry]:
@@ -105,16 +196,45 @@ def api_entries() -> list[Entry]:
     return [Entry.from_patch(p, "api", p.source, None) for p in iter_registry()]
 
 
-def _write_stamp(sitedir: str) -> None:
-    from . import bytecache
+def stamp_path(root: str, mtime_ns: int, path_len: int) -> str:
+    """The file the .pth line checks (keep in step with bootstrap/importpatch.pth)."""
+    return os.path.join(root, "s", f"{mtime_ns}-{path_len}")
 
-    root = bytecache.usable_root()
-    if root is None:
+
+def _write_stamp(index: Any, entries: list[Entry]) -> None:
+    """Write the .pth line's stamp when its key covers everything (see the module docstring)."""
+    from . import bytecache, catalog, config, sites
+
+    if _pth is None or index.entry_points or index.path is None:
         return
-    try:
-        path = stamp_path(root, sitedir)
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(path, "w") as f:
-            f.write("no patch is on by default here\n")
-    except OSError:
-        pass
+    if any(e.default or e.unsure for e in entries):
+        return
+    root = config.default_cache_root()[0]
+    if root is None or config.get(os.environ, config.CACHE_DIR) or root != bytecache.usable_root():
+        return
+    sitedir, mtime_ns, path_len = _pth
+    site_path = sites.site_path or []
+    if len(site_path) != path_len or sites.user_site_if_enabled() not in (None, *site_path):
+        return  # folders came after the .pth line ran, or the user site may appear
+    static = _stdlib_folders()
+    for folder in sites.search_path():
+        if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
+            return
+    now = catalog.signature((sitedir,))
+    if now[0][0] != mtime_ns or catalog.is_racy(now, __import__("time").time_ns()):
+        return
+    path = stamp_path(root, mtime_ns, path_len)
+    if bytecache.folder(root, "s", "") is not None:
+        bytecache.write_atomic(path, b"")
+
+
+def _stdlib_folders() -> set[str]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    out = set()
+    for key in ("stdlib", "platstdlib"):
+        if key in paths:
+            out.add(os.path.realpath(paths[key]))
+            out.add(os.path.realpath(os.path.join(paths[key], "lib-dynload")))
+    return out

@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import _imp
 import _thread
+import contextlib
 import marshal
 import os
 import stat
 import sys
+import time
 import zlib
 
 from . import config, events
@@ -50,6 +52,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from types import CodeType
+    from typing import Any
 
     from .declare import Op
 
@@ -61,10 +64,22 @@ _CodeType = type((lambda: 0).__code__)
 _root_checked = False
 _root: str | None = None
 _root_problem: str | None = None
+# Entries not read for this long get their mtime refreshed when read: prune() removes the least
+# recently used first, and a refresh costs one syscall a day per entry.
+_TOUCH_AFTER_S = 86_400
+# The cache is pruned to PRUNE_TO of this size when a new entry makes it bigger (see prune()).
+MAX_BYTES = 256 * 1024 * 1024
+PRUNE_TO = 0.75
+# The modules whose code decides what code a patched module compiles to: a change to any of them
+# (an editable checkout, a dev upgrade) must not reuse entries compiled by the old code.
+PRODUCERS = ("bytecache", "declare", "diffs", "finder", "landing", "publish", "transforms")
 
 
 def enabled() -> bool:
-    return not config.is_truthy(config.get(os.environ, config.NO_CACHE))
+    """Whether to read and write compiled entries. ``IMPORTPATCH_NO_CACHE`` only: ``python -B``
+    and ``PYTHONDONTWRITEBYTECODE`` are about ``.pyc`` files next to the sources, which importpatch
+    never writes; its cache lives in its own folder and is used under them too."""
+    return not config.flag(os.environ, config.NO_CACHE)
 
 
 def usable_root(*, report: bool = False) -> str | None:
@@ -73,7 +88,7 @@ def usable_root(*, report: bool = False) -> str | None:
     global _root_checked, _root, _root_problem
     if not _root_checked:
         root = config.cache_root()
-        _root_problem = _check_root(root)
+        _root_problem = config.default_cache_root()[1] if root is None else _check_root(root)
         _root = None if _root_problem else root
         _root_checked = True
     if report and _root_problem:
@@ -81,10 +96,28 @@ def usable_root(*, report: bool = False) -> str | None:
     return _root
 
 
+def root_problem() -> tuple[str | None, str | None]:
+    """(the configured root, why it is not used or None): what `importpatch doctor` shows."""
+    usable_root()
+    return config.cache_root(), _root_problem
+
+
 def reset() -> None:
     """Forget the checked root (tests and late activation change the environment)."""
     global _root_checked, _root, _root_problem
     _root_checked, _root, _root_problem = False, None, None
+    _safe_dirs.clear()
+
+
+def _unsafe(path: str, st: os.stat_result) -> str | None:
+    """Why a folder (or file) of the cache must not be trusted, or None."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return (f"{path} is owned by another user (uid {st.st_uid}); refused "
+                f"(set {config.CACHE_DIR} to a folder of your own)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); refused "
+                f"(chmod go-w it and remove what is in it, or set {config.CACHE_DIR})")
+    return None
 
 
 def _check_root(root: str) -> str | None:
@@ -94,19 +127,92 @@ def _check_root(root: str) -> str | None:
         st = os.stat(root)
     except OSError as exc:
         return f"cache folder {root} unusable ({exc})"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return (
-            f"cache folder {root} is owned by another user (uid {st.st_uid}); refused "
-            f"(set {config.CACHE_DIR} to a folder of your own)"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (
-            f"cache folder {root} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"refused (chmod go-w it, or set {config.CACHE_DIR})"
-        )
+    problem = _unsafe(f"cache folder {root}", st)
+    if problem:
+        return problem
     if not os.access(root, os.W_OK):
         return f"cache folder {root} is read-only"
+    _safe_dirs.add(root)
     return None
+
+
+# Folders under the root checked in this process (owner and mode; see folder()).
+_safe_dirs: set[str] = set()
+
+
+def folder(root: str, *parts: str) -> str | None:
+    """``root/part/.../name``: every folder on the way is created 0700 when missing and checked
+    (ours, writable by no one else) before anything in it is trusted; None when one is not fine
+    (reported once per process). The last part is a file name ("" for the folder itself)."""
+    path = root
+    for part in parts[:-1]:
+        path = os.path.join(path, part)
+        if path in _safe_dirs:
+            continue
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        problem = _unsafe(f"cache folder {path}", st) or (
+            None if stat.S_ISDIR(st.st_mode) else f"{path} is not a folder")
+        if problem:
+            events.warn_once(f"cache-dir:{path}", problem + "; entries under it are ignored")
+            return None
+        _safe_dirs.add(path)
+    return os.path.join(path, parts[-1]) if parts else path
+
+
+def read_owned(path: str, why: list[str] | None = None) -> bytes | None:
+    """The bytes of the cache file ``path`` if it is a regular file of ours that nobody else
+    can write; else None (and the reason appended to ``why``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if why is not None:
+            why.append(f"unreadable ({exc.strerror})")
+        return None
+    try:
+        st = os.fstat(fd)
+        problem = _unsafe(path, st) or (None if stat.S_ISREG(st.st_mode) else "not a file")
+        if problem:
+            if why is not None:
+                why.append(f"owner or mode: {problem}")
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read()
+        if st.st_mtime < time.time() - _TOUCH_AFTER_S:
+            with contextlib.suppress(OSError):  # least-recently-used order for prune()
+                os.utime(fd)
+        return data
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> bool:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``:
+    a reader sees a whole file or none. False (and one warning per process) when it fails."""
+    # Unique per writer: processes (pid) and threads (ident) never share a temporary file.
+    tmp = f"{path}.{os.getpid()}-{_thread.get_ident()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                     0o600)
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        events.warn_once("cache-write", f"cannot write under {os.path.dirname(path)}: {exc}")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
 
 
 def _hash(data: bytes) -> bytes:
@@ -152,6 +258,49 @@ def op_fingerprint(op: Op) -> bytes | None:
     return _part(where) + _part(extra) + _part(file_text)
 
 
+def producers_hash() -> bytes:
+    """A hash of the source of the modules in PRODUCERS, computed once per process and kept in
+    ``<root>/catalog/producers`` keyed by their stat signature (so a process reads 7 stats and one
+    small file, not ~200 KB of source)."""
+    global _producers
+    if _producers is not None:
+        return _producers
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = tuple(os.path.join(here, f"{name}.py") for name in PRODUCERS)
+    sig = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            sig.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            sig.append((-1, -1, -1))
+    root = usable_root()
+    memo = folder(root, "catalog", "producers") if root else None
+    if memo is not None:
+        data = read_owned(memo)
+        try:
+            files_seen, sig_seen, digest = marshal.loads(data) if data else ((), (), b"")
+            if files_seen == files and sig_seen == tuple(sig) and len(digest) == _KEY_LEN:
+                _producers = digest
+                return digest
+        except Exception:
+            pass
+    parts = []
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                parts.append(_part(fh.read()))
+        except OSError:
+            parts.append(_part(b""))
+    _producers = _hash(b"".join(parts))
+    if memo is not None:
+        write_atomic(memo, marshal.dumps((files, tuple(sig), _producers)))
+    return _producers
+
+
+_producers: bytes | None = None
+
+
 def key(
     module: str, source: bytes, ops: Iterable[Op], qualnames: list[str], root: str | None,
     origin: str | None = None,
@@ -168,6 +317,7 @@ def key(
     )
     material = [
         FORMAT, MAGIC_NUMBER, str(sys.flags.optimize).encode(), __version__.encode(),
+        producers_hash(),
         module.encode(), (origin or "").encode("utf-8", "surrogateescape"),
         (root or "").encode("utf-8", "surrogateescape"),
         _imp.source_hash(_SIPHASH_KEYS[0], source),  # 64 bits, as CPython's checked .pyc files
@@ -181,42 +331,67 @@ def key(
     return _hash(b"".join(_part(m) for m in material))
 
 
-def _path(root: str, key: bytes) -> str:
+def _path(root: str, key: bytes) -> str | None:
     hexkey = key.hex()
-    return os.path.join(root, "code", hexkey[:2], hexkey[2:] + ".ipc")
+    return folder(root, "code", hexkey[:2], hexkey[2:] + ".ipc")
 
 
 def load(
-    root: str | None, key: bytes, original: str = ""
+    root: str | None, key: bytes, original: str = "", module: str = ""
 ) -> tuple[CodeType, set[str], str] | None:
     """The entry for ``key`` (code, unseen names, patched text), or None when there is none or
-    it fails any check. ``original``: the module's text, for entries stored without text."""
+    it fails any check; why an existing entry was not used is recorded as a debug event.
+    ``original``: the module's text, for entries stored without text."""
     if root is None or len(key) != _KEY_LEN:
         return None
+    path = _path(root, key)
+    if path is None:
+        return None
+    why: list[str] = []
+    data = read_owned(path, why)
+    if data is None:
+        if why:
+            _not_used(module, path, why[0])
+        return None
+    result = _decode(data, key, original, why)
+    if result is None:
+        _not_used(module, path, why[0])
+    return result
+
+
+def _not_used(module: str, path: str, why: str) -> None:
+    events.record("info", "", module, "cache", f"entry {path} not used: {why}", level=10)
+
+
+def _decode(
+    data: bytes, key: bytes, original: str, why: list[str]
+) -> tuple[CodeType, set[str], str] | None:
     from importlib.util import MAGIC_NUMBER
 
-    try:
-        with open(_path(root, key), "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
     end = len(FORMAT) + 4 + _KEY_LEN
-    if (
-        len(data) < _HEADER
-        or data[: len(FORMAT)] != FORMAT
-        or data[len(FORMAT) : len(FORMAT) + 4] != MAGIC_NUMBER
-        or data[len(FORMAT) + 4 : end] != key
-        or int.from_bytes(data[end : end + 8], "little") != len(data) - _HEADER
-        or zlib.crc32(memoryview(data)[_HEADER:]).to_bytes(4, "little") != data[end + 8 : _HEADER]
-    ):
+    checks = (
+        (len(data) >= _HEADER, "truncated"),
+        (data[: len(FORMAT)] == FORMAT, "bad format"),
+        (data[len(FORMAT) : len(FORMAT) + 4] == MAGIC_NUMBER, "bad magic number"),
+        (data[len(FORMAT) + 4 : end] == key, "bad key"),
+        (int.from_bytes(data[end : end + 8], "little") == len(data) - _HEADER, "bad size"),
+    )
+    for ok, reason in checks:
+        if not ok:
+            why.append(reason)
+            return None
+    if zlib.crc32(memoryview(data)[_HEADER:]).to_bytes(4, "little") != data[end + 8 : _HEADER]:
+        why.append("bad CRC")
         return None
     try:
         code, unseen, text = marshal.loads(memoryview(data)[_HEADER:])
     except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
+        why.append("bad payload")
         return None
     if text is None:
         text = original
     if not isinstance(code, _CodeType) or not isinstance(text, str):
+        why.append("bad payload")
         return None
     return code, set(unseen), text
 
@@ -231,22 +406,72 @@ def store(
         return False
     from importlib.util import MAGIC_NUMBER
 
+    path = _path(root, key)
+    if path is None:
+        return False
     payload = marshal.dumps((code, tuple(sorted(unseen)), None if text == original else text))
     header = FORMAT + MAGIC_NUMBER + key + len(payload).to_bytes(8, "little")
-    path = _path(root, key)
-    # Unique per writer: processes (pid) and threads (ident) never share a temporary file.
-    tmp = f"{path}.{os.getpid()}-{_thread.get_ident()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(fd, "wb") as f:
-            f.write(header + zlib.crc32(payload).to_bytes(4, "little") + payload)
-        os.replace(tmp, path)
-        return True
-    except OSError as exc:
-        events.warn_once("cache-write", f"cannot write the bytecode cache under {root}: {exc}")
-        import contextlib
-
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    if not write_atomic(path, header + zlib.crc32(payload).to_bytes(4, "little") + payload):
         return False
+    if usage(root)["bytes"] > MAX_BYTES:
+        prune(root, int(MAX_BYTES * PRUNE_TO))
+    return True
+
+
+# -- size and pruning (`importpatch cache`, `doctor`) ---------------------------------------------
+
+AREAS = ("code", "src", "catalog", "s")  # compiled modules, published text, indexes, stamps
+# Downloaded release artifacts (importpatch.releases: `rebase`, scripts/drift.py) live beside the
+# areas, in <root>/releases. Not an area: the size bound and `prune` never delete them (they are
+# not rebuilt, but downloaded again, hundreds of MB each); `importpatch cache` shows them apart.
+RELEASES = "releases"
+
+
+def _files(root: str, areas: tuple[str, ...] = AREAS) -> list[tuple[str, str, os.stat_result]]:
+    out = []
+    for area in areas:
+        for base, _, names in os.walk(os.path.join(root, area)):
+            for name in names:
+                path = os.path.join(base, name)
+                with contextlib.suppress(OSError):
+                    out.append((area, path, os.lstat(path)))
+    return out
+
+
+def usage(root: str) -> dict[str, Any]:
+    """{"files": n, "bytes": n, "areas": {area: {"files", "bytes"}}} of the cache under root."""
+    areas = {a: {"files": 0, "bytes": 0} for a in AREAS}
+    for area, _, st in _files(root):
+        areas[area]["files"] += 1
+        areas[area]["bytes"] += st.st_size
+    return {"files": sum(a["files"] for a in areas.values()),
+            "bytes": sum(a["bytes"] for a in areas.values()), "areas": areas}
+
+
+def releases_usage(root: str) -> dict[str, Any]:
+    """{"folder", "files", "bytes"} of the release artifacts under root (not in ``usage``)."""
+    files = _files(root, (RELEASES,))
+    return {"folder": os.path.join(root, RELEASES), "files": len(files),
+            "bytes": sum(st.st_size for _, _, st in files)}
+
+
+def prune(root: str, max_bytes: int | None = None, older_than_s: float | None = None
+          ) -> tuple[int, int]:
+    """Remove compiled entries and published texts, least recently used first, until the cache
+    holds at most ``max_bytes`` (and every one not used for ``older_than_s``); indexes and stamps
+    are rebuilt on demand and go when older than ``older_than_s``. Returns (files, bytes)."""
+    files = sorted(_files(root), key=lambda f: f[2].st_mtime)
+    total = sum(st.st_size for _, _, st in files)
+    removed = freed = 0
+    now = time.time()
+    for area, path, st in files:
+        old = older_than_s is not None and st.st_mtime < now - older_than_s
+        big = max_bytes is not None and total > max_bytes and area in ("code", "src")
+        if not (old or big):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        removed, freed, total = removed + 1, freed + st.st_size, total - st.st_size
+    return removed, freed

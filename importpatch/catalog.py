@@ -2,43 +2,71 @@
 
 Sources, in this order (a later patch with the same name is an error reported by `check`/`list`):
 1. built-in: the project's ``patches/`` folder, shipped in the wheel as
-   ``importpatch/_builtin_patches``;
+   ``importpatch/_builtin_patches``; built-in patches are never on by default (they are opt-in
+   fixes; a ``Default: on`` there is ignored), so the default-on question never depends on them;
 2. folders named in ``IMPORTPATCH_PATH``;
 3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
-   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``).
+   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``),
+   looked up in the folders of ``sites.search_path()``.
 A folder holds ``*.py`` declaration files (names starting with ``_`` are skipped) and
 ``*.diff`` / ``*.patch`` files with a metadata header.
 
 Finding targets means executing declarations (and scanning entry points costs 40-60 ms in a vLLM
-environment), so the result is kept in an index: ``<cache>/catalog/<id>.marshal``, valid while the
-stat signature of its inputs (each folder, each declaration file, each site-packages folder for the
-entry points) is unchanged. Startup then costs a few ``stat`` calls and one ``marshal.loads``;
-a declaration file is executed again only when a module it targets is imported.
-A declaration that fails to load becomes an entry with ``error`` set; its likely target modules are
-guessed from its text so the failure surfaces when such a module is imported.
+environment), so the result is kept in an index: ``<cache>/catalog/<id>.marshal``.
+
+Invariants:
+- The index is valid while the stat signature (mtime, ctime, size, inode) of everything that
+  decides its content is unchanged: each patch folder and declaration file, each folder of the
+  search path (a distribution installed or removed changes it), the user site folder even before
+  it exists, and every file of a patch package's top-level package that its entry point imported
+  (an in-place or editable edit changes it). An index whose inputs changed within the clock's
+  resolution of its scan ("racy", as git calls it) is not written.
+- Only regular files are read, and never opened in a way that can block: a FIFO, socket, device
+  or folder named ``x.py`` is reported as a broken source, not read.
+- Patch code never escapes: whatever a declaration raises (``SystemExit``, ``KeyboardInterrupt``
+  and ``GeneratorExit`` included) makes a broken entry, recorded in the index so the source is not
+  executed again until it changes. A real Ctrl-C (SIGINT received while patch code ran, main
+  thread) is the exception: discovery is abandoned, nothing is written, and the interrupt goes on.
+- A broken source keeps the names it declared (a ``.diff`` header is read as text; the ``Patch``
+  objects a ``.py`` made before it failed are kept), so enabling it by name fails closed at the
+  target's import instead of "unknown patch name". A source that failed before declaring
+  anything has ``unsure`` set: whether it has a patch on by default is unknown.
+- A declaration must not import a module that a patch targets: in the first process after a
+  change that module would load unpatched. Such patches are broken (the message says what to
+  change) in every process, and the cold process drops the module again so its next import fails
+  closed as in every later process. The cold process also forgets the Patch objects it made while
+  scanning from patch files: like every warm process, it executes a patch file when a module it
+  targets is imported.
 """
 
 from __future__ import annotations
 
 import marshal
 import os
+import stat
 import sys
+import time
 import zlib
 
-from . import config
+from . import config, sites
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from .declare import Patch
 
 GROUP = "importpatch.patches"
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 _FIELDS = (
     "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
-    "kinds", "doc", "error",
+    "kinds", "doc", "error", "unsure",
 )
+# A file modified this close to the moment its signature was taken may change again without
+# changing its timestamp (coarse file-system clocks): such an index is not written.
+RACY_NS = 20_000_000
+RACY_COARSE_NS = 2_000_000_000  # timestamps in whole seconds: a coarse file system
 
 
 class Entry:
@@ -58,10 +86,12 @@ class Entry:
     kinds: tuple[str, ...]
     doc: str
     error: str | None
+    unsure: bool
 
     def __init__(self, **fields: Any) -> None:
         for name in _FIELDS:
             setattr(self, name, fields.get(name))
+        self.unsure = bool(self.unsure)
         self._patch: Patch | None = fields.get("_patch")
 
     def as_tuple(self) -> tuple[Any, ...]:
@@ -72,12 +102,15 @@ class Entry:
         return cls(**dict(zip(_FIELDS, values, strict=True)))
 
     @classmethod
-    def from_patch(cls, patch: Patch, origin: str, source: str, file: str | None) -> Entry:
+    def from_patch(cls, patch: Patch, origin: str, source: str, file: str | None,
+                   error: str | None = None, extra_modules: tuple[str, ...] = ()) -> Entry:
+        modules = tuple(patch.modules) + tuple((m,) for m in extra_modules)
         return cls(
             name=patch.name, origin=origin, source=source, file=file, requires=patch.requires,
-            default=patch.default, on_error=patch.on_error, modules=tuple(patch.modules),
-            targets=tuple(op.target for op in patch.ops), kinds=tuple(patch.kinds),
-            doc=patch.doc, error=None, _patch=patch,
+            default=patch.default and origin != "builtin", on_error=patch.on_error,
+            modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
+            kinds=tuple(patch.kinds), doc=patch.doc, error=error,
+            _patch=None if error else patch,
         )
 
     def __repr__(self) -> str:
@@ -102,74 +135,213 @@ def _folders(toggles: config.Toggles) -> list[tuple[str, str]]:
     return out
 
 
-def _site_dirs() -> list[str]:
-    # Where distributions (and so entry points) live; the script folder and cwd that later
-    # processes put first on sys.path are left out so every process shares one index.
-    ends = ("site-packages", "dist-packages")
-    return [p for p in sys.path if p.endswith(ends) and os.path.isdir(p)]
-
-
-def _stat(path: str) -> tuple[int, int]:
+def _stat(path: str) -> tuple[int, int, int, int]:
     try:
         st = os.stat(path)
-        return st.st_mtime_ns, st.st_size
     except OSError:
-        return (-1, -1)
+        return (-1, -1, -1, -1)
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
 
 
-def _signature(folders: list[tuple[str, str]], files: list[str]) -> tuple[Any, ...]:
-    return (
-        tuple(_stat(f)[0] for _, f in folders),
-        tuple(_stat(f) for f in files),
-        tuple((p, _stat(p)[0]) for p in _site_dirs()),
-    )
+def signature(watched: tuple[str, ...]) -> tuple[tuple[int, int, int, int], ...]:
+    return tuple(_stat(p) for p in watched)
 
 
-def _index_path(root: str, folders: list[tuple[str, str]]) -> str:
-    ident = repr((INDEX_FORMAT, sys.version_info[:2], folders, _site_dirs())).encode()
-    name = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}.marshal"
-    return os.path.join(root, "catalog", name)
+def is_racy(sig: tuple[tuple[int, int, int, int], ...], now_ns: int) -> bool:
+    for mtime, ctime, _, _ in sig:
+        for t in (mtime, ctime):
+            window = RACY_COARSE_NS if t % 1_000_000_000 == 0 else RACY_NS
+            if t >= now_ns - window:
+                return True
+    return False
+
+
+class Index:
+    """One index file: what discovery found for one set of folders and one search path."""
+
+    def __init__(self, folders: list[tuple[str, str]], dirs: list[str]) -> None:
+        from . import bytecache
+
+        self.folders = folders
+        self.dirs = dirs
+        self.user_site = sites.user_site_if_enabled()
+        self.ident = repr((INDEX_FORMAT, sys.version_info[:2], folders, dirs, self.user_site))
+        root = bytecache.usable_root()
+        raw = self.ident.encode("utf-8", "surrogateescape")
+        name = f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}.marshal"
+        self.path = bytecache.folder(root, "catalog", name) if root else None
+        self.entries: list[Entry] | None = None
+        self.watched: tuple[str, ...] = ()
+        self.entry_points = 0
+
+    def read(self) -> bool:
+        if self.path is None:
+            return False
+        from . import bytecache
+
+        data = bytecache.read_owned(self.path)
+        if data is None:
+            return False
+        try:
+            fmt, ident, watched, sig, entry_points, rows = marshal.loads(data)
+            if fmt != INDEX_FORMAT or ident != self.ident or signature(watched) != sig:
+                return False
+            self.entries = [Entry.from_tuple(r) for r in rows]
+        except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
+            return False
+        self.watched, self.entry_points = watched, entry_points
+        return True
+
+    def write(self, sig: tuple[tuple[int, int, int, int], ...]) -> None:
+        if self.path is None or self.entries is None:
+            return
+        payload = (INDEX_FORMAT, self.ident, self.watched, sig, self.entry_points,
+                   tuple(e.as_tuple() for e in self.entries))
+        from . import bytecache
+
+        bytecache.write_atomic(self.path, marshal.dumps(payload))
 
 
 def load(toggles: config.Toggles) -> list[Entry]:
     """All discovered patches (enabled or not), from the index when it is still valid."""
-    from . import bytecache
+    return load_index(toggles).entries or []
 
-    folders = _folders(toggles)
-    root = bytecache.usable_root()
-    path = _index_path(root, folders) if root else None
-    if path is not None:
+
+def load_index(toggles: config.Toggles) -> Index:
+    index = Index(_folders(toggles), sites.search_path())
+    if index.read():
+        return index
+    started = time.time_ns()
+    entries, watched, entry_points, imported_by = scan(index.folders, index.dirs, index.user_site)
+    _flag_imported_targets(entries, imported_by)
+    index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
+    sig = signature(index.watched)
+    if not is_racy(sig, started):
+        index.write(sig)
+    # Like every warm process, execute a declaration (again) only when a target is imported; a
+    # target loaded unpatched while declarations ran is dropped, so its import fails closed.
+    # (Entry points stay as they are: their modules are ordinary imported modules, which a warm
+    # process imports once too.)
+    _loaded_files.clear()
+    for e in entries:
+        if e.file:
+            e._patch = None
+    chosen = {m for e in entries if e.error and toggles.decide(e.name, bool(e.default))[0]
+              for group in e.modules for m in group}
+    for name in list(imported_by):
+        if name in chosen or any(name.startswith(m + ".") for m in chosen):
+            sys.modules.pop(name, None)
+    return index
+
+
+# -- running patch code --------------------------------------------------------------------------
+
+
+class _Interrupted(Exception):
+    """Raised through discovery when a real Ctrl-C arrived while patch code ran."""
+
+
+class _SigintWatch:
+    """Tells a real Ctrl-C from a KeyboardInterrupt raised by patch code: while patch code runs in
+    the main thread, SIGINT goes through a handler that notes it (and then raises as before)."""
+
+    depth = 0
+    hit = False
+
+    def __enter__(self) -> _SigintWatch:
+        self.previous: Any = None
+        if _SigintWatch.depth == 0:
+            _SigintWatch.hit = False
+            try:
+                # _signal, not signal: signal imports enum, slow at start-up
+                import _signal  # type: ignore[import-not-found]
+
+                previous = _signal.getsignal(_signal.SIGINT)
+                if callable(previous):
+                    def noted(signum: int, frame: Any) -> Any:
+                        _SigintWatch.hit = True
+                        return previous(signum, frame)
+
+                    _signal.signal(_signal.SIGINT, noted)
+                    self.previous = previous
+            except (ImportError, ValueError, OSError):  # not the main thread: signals go there
+                pass
+        _SigintWatch.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _SigintWatch.depth -= 1
+        if self.previous is not None:
+            import _signal
+
+            _signal.signal(_signal.SIGINT, self.previous)
+
+
+def run_patch_code(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """``fn()``'s result, or what it raised; a real Ctrl-C raises ``KeyboardInterrupt`` on."""
+    with _SigintWatch():
         try:
-            with open(path, "rb") as f:
-                fmt, ident, files, signature, rows = marshal.load(f)
-            if (
-                fmt == INDEX_FORMAT
-                and ident == repr(folders)
-                and signature == _signature(folders, list(files))
-            ):
-                return [Entry.from_tuple(r) for r in rows]
-        except (OSError, EOFError, ValueError, TypeError):
-            pass
-    entries, files = scan(folders)
-    if path is not None:
-        payload = (INDEX_FORMAT, repr(folders), tuple(files), _signature(folders, files),
-                   tuple(e.as_tuple() for e in entries))
-        try:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                marshal.dump(payload, f)
-            os.replace(tmp, path)
-        except (OSError, ValueError):
-            pass
-    return entries
+            return fn(), None
+        except BaseException as exc:  # noqa: BLE001 (patch code: anything at all)
+            if isinstance(exc, KeyboardInterrupt) and _SigintWatch.hit:
+                raise
+            return None, exc
 
 
-def scan(folders: list[tuple[str, str]]) -> tuple[list[Entry], list[str]]:
-    """Execute every declaration (the slow path). Returns entries and the files they came from."""
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, SystemExit):
+        text += " (a declaration must not exit)"
+    return text
+
+
+# -- scanning ------------------------------------------------------------------------------------
+
+
+def _read_regular(path: str) -> bytes:
+    """The bytes of ``path`` if it is a regular file (a symlink to one is fine). Never blocks:
+    the file is checked before it is opened, opened non-blocking, and checked again."""
+    kind = _not_regular(os.stat(path).st_mode)
+    if kind:
+        raise OSError(f"{path} is {kind}, not a regular file; not read")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        kind = _not_regular(st.st_mode)
+        if kind:  # replaced between the two checks
+            raise OSError(f"{path} is {kind}, not a regular file; not read")
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, max(st.st_size, 1 << 16))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _not_regular(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return ""
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def scan(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
+) -> tuple[list[Entry], list[str], int, dict[str, str]]:
+    """Execute every declaration (the slow path). Returns the entries, the paths whose stat
+    signature the index must watch, the number of entry points, and which declaration imported
+    each module that got imported while declarations ran."""
     entries: list[Entry] = []
-    files: list[str] = []
+    watched: list[str] = []
+    imported_by: dict[str, str] = {}
     for origin, folder in folders:
+        watched.append(folder)
         try:
             names = sorted(os.listdir(folder))
         except OSError:
@@ -178,96 +350,211 @@ def scan(folders: list[tuple[str, str]]) -> tuple[list[Entry], list[str]]:
             if fname.startswith((".", "_")) or not fname.endswith((".py", ".diff", ".patch")):
                 continue
             file = os.path.join(folder, fname)
-            files.append(file)
-            entries.extend(_entries_of_file(origin, file))
-    entries.extend(_entry_point_entries(files))
-    return entries, files
+            watched.append(file)
+            entries.extend(_entries_of_file(origin, file, imported_by))
+    watched.extend(dirs)
+    if user_site and user_site not in dirs:
+        watched.append(user_site)  # may not exist yet: `pip install --user` creates it
+    eps = _entry_point_entries(dirs, watched, imported_by)
+    entries.extend(eps)
+    return entries, watched, len({e.source for e in eps}), imported_by
+
+
+class _NewModules:
+    """Records the modules a declaration imported (importpatch's own are not its doing)."""
+
+    def __init__(self, source: str, into: dict[str, str]) -> None:
+        self.source, self.into = source, into
+
+    def __enter__(self) -> _NewModules:
+        self.before = set(sys.modules)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.new = [m for m in sys.modules if m not in self.before]
+        for m in self.new:
+            if not m.startswith("importpatch"):
+                self.into.setdefault(m, self.source)
+
+
+def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) -> None:
+    for e in entries:
+        hits = [(m, imported_by[m]) for group in e.modules for m in group if m in imported_by]
+        if not hits or (e.error and e.error.startswith("patch code imports")):
+            continue
+        module, by = hits[0]
+        own = by in (e.source, e.file)
+        e.error = (
+            f"patch code imports {module}, which {e.name} patches, while it is declared "
+            f"({'its own declaration' if own else by} imports it): in the first process after a "
+            f"change {module} would load unpatched. Move the import into the function that uses "
+            "it (or import it inside the replacement), and declare targets as strings"
+        )
+        e._patch = None
 
 
 _loaded_files: dict[str, list[Patch]] = {}
 
 
 def _load_file(file: str) -> list[Patch]:
-    """Execute one declaration file (once per process) and return the Patch objects it made."""
+    """Execute one declaration file (once per process) and return the Patch objects it made.
+    Raises ``DeclarationFailed`` (an Exception, whatever the patch code raised) with the Patch
+    objects made before the failure."""
     if file in _loaded_files:
         return _loaded_files[file]
-    from .declare import collecting, patch_from_diff_file
-
-    if file.endswith((".diff", ".patch")):
-        with collecting():  # a discovered patch must not join the registry enable() turns on
-            patches = [patch_from_diff_file(file)]
-    else:
-        import importlib.util
-
-        stem = os.path.splitext(os.path.basename(file))[0]
-        modname = f"importpatch._declared.{stem}_{zlib.crc32(file.encode()):08x}"
-        spec = importlib.util.spec_from_file_location(modname, file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = module
-        with collecting() as found:
-            try:
-                # Not exec_module: its .pyc (mtime in whole seconds) would run stale code after a
-                # same-size edit within a second, and the bytecode cache would key the new text.
-                with open(file, "rb") as f:
-                    exec(compile(f.read(), file, "exec", dont_inherit=True), module.__dict__)
-            except BaseException:
-                sys.modules.pop(modname, None)
-                raise
-        patches = found
-        for p in patches:
-            p.source = file
+    patches, exc = _execute_file(file)
+    if exc is not None:
+        raise DeclarationFailed(exc, patches)
     # Two threads may have run the file at once (no lock: see declare.collecting): one result wins.
     return _loaded_files.setdefault(file, patches)
 
 
-def _entries_of_file(origin: str, file: str) -> list[Entry]:
+class DeclarationFailed(Exception):
+    """A declaration raised (anything, SystemExit included); ``made``: the Patch objects it had
+    made by then."""
+
+    def __init__(self, cause: BaseException, made: list[Patch]) -> None:
+        super().__init__(describe(cause))
+        self.cause, self.made = cause, made
+
+
+def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
+    from .declare import collecting, patch_from_diff_file
+
     try:
-        patches = _load_file(file)
-    except Exception as exc:  # reported when a module it targets is imported
-        stem = os.path.splitext(os.path.basename(file))[0]
-        return [Entry(
-            name=stem, origin=origin, source=file, file=file, requires=(), default=False,
-            on_error="fail", modules=tuple((m,) for m in guess_modules(file)), targets=(),
-            kinds=(), doc="", error=f"{type(exc).__name__}: {exc}",
-        )]
+        raw = _read_regular(file)
+    except OSError as exc:
+        return [], exc
+    if file.endswith((".diff", ".patch")):
+        with collecting():  # a discovered patch must not join the registry enable() turns on
+            try:
+                text = raw.decode("utf-8")
+                return [patch_from_diff_file(file, text)], None
+            except Exception as exc:
+                return [], exc
+    import importlib.util
+
+    stem = os.path.splitext(os.path.basename(file))[0]
+    modname = f"importpatch._declared.{stem}_{zlib.crc32(file.encode()):08x}"
+    spec = importlib.util.spec_from_file_location(modname, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    with collecting() as found:
+        # Not exec_module: its .pyc (mtime in whole seconds) would run stale code after a
+        # same-size edit within a second, and the bytecode cache would key the new text.
+        def run() -> None:
+            exec(compile(raw, file, "exec", dont_inherit=True), module.__dict__)
+
+        try:
+            failure = run_patch_code(run)[1]
+        except BaseException:  # a real Ctrl-C
+            sys.modules.pop(modname, None)
+            raise
+    if failure is not None:
+        sys.modules.pop(modname, None)
+    for p in found:
+        p.source = file
+    return list(found), failure
+
+
+def _entries_of_file(origin: str, file: str, imported_by: dict[str, str]) -> list[Entry]:
+    with _NewModules(file, imported_by):
+        try:
+            patches = _load_file(file)
+        except DeclarationFailed as exc:
+            return _broken_entries(origin, file, exc)
     return [Entry.from_patch(p, origin, file, file) for p in patches]
 
 
-def _entry_point_entries(files: list[str]) -> list[Entry]:
+def _broken_entries(origin: str, file: str, failure: DeclarationFailed) -> list[Entry]:
+    """Entries for a declaration that failed: by the names it declared when they are known."""
+    error = str(failure)
+    guessed = tuple(guess_modules(file))
+    if failure.made:
+        return [Entry.from_patch(p, origin, file, file, error=error, extra_modules=guessed)
+                for p in failure.made]
+    header = _diff_header(file) if file.endswith((".diff", ".patch")) else {}
+    if header.get("name"):
+        default = (header.get("default") or ["off"])[0].lower() in ("on", "true", "yes")
+        on_error = (header.get("on-error") or ["fail"])[0].lower()
+        return [Entry(
+            name=header["name"][0], origin=origin, source=file, file=file,
+            requires=tuple(r.strip() for line in header.get("requires", [])
+                           for r in line.split(";") if r.strip()),
+            default=default and origin != "builtin", on_error=on_error,
+            modules=tuple((m,) for m in guessed), targets=(), kinds=("diff",),
+            doc=(header.get("summary") or [""])[0], error=error,
+        )]
+    stem = os.path.splitext(os.path.basename(file))[0]
+    return [Entry(
+        name=stem, origin=origin, source=file, file=file, requires=(), default=False,
+        on_error="fail", modules=tuple((m,) for m in guessed), targets=(), kinds=(), doc="",
+        error=error, unsure=origin != "builtin",
+    )]
+
+
+def _diff_header(file: str) -> dict[str, list[str]]:
+    """The metadata header of a diff file, read as text (its body may not parse)."""
+    from .declare import parse_header
+
+    try:
+        text = _read_regular(file).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    preamble = []
+    for line in text.splitlines():
+        if line.startswith(("diff --git ", "--- ", "+++ ", "@@ ")):
+            break
+        preamble.append(line)
+    return parse_header("\n".join(preamble))
+
+
+def _entry_point_entries(
+    dirs: list[str], watched: list[str], imported_by: dict[str, str]
+) -> list[Entry]:
     from importlib import metadata
 
     from .declare import collecting
 
     entries: list[Entry] = []
     try:
-        eps = metadata.entry_points(group=GROUP)
+        eps = [ep for dist in metadata.distributions(path=dirs)
+               for ep in dist.entry_points if ep.group == GROUP]
     except Exception:
         return entries
-    for ep in sorted(eps, key=lambda e: e.name):
+    seen: set[tuple[str, str]] = set()
+    for ep in sorted(eps, key=lambda e: (e.name, e.value)):
+        if (ep.name, ep.value) in seen:  # one distribution found twice on the path
+            continue
+        seen.add((ep.name, ep.value))
         source = f"entry point {ep.name} = {ep.value}"
-        try:
-            with collecting() as found:
-                ep.load()
-            if not found:  # already imported elsewhere: pick up its Patch objects
-                from .declare import Patch
+        with _NewModules(source, imported_by) as new, collecting() as found:
+            _, exc = run_patch_code(ep.load)
+        top = ep.module.partition(".")[0]
+        for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
+            if name == top or name.startswith(top + "."):
+                mod_file = getattr(sys.modules.get(name), "__file__", None)
+                if mod_file and mod_file not in watched:
+                    watched.append(mod_file)
+        if exc is None and not found:  # already imported elsewhere: pick up its Patch objects
+            from .declare import Patch
 
-                mod = sys.modules.get(ep.module)
-                found = [v for v in vars(mod).values() if isinstance(v, Patch)] if mod else []
-            mod_file = getattr(sys.modules.get(ep.module), "__file__", None)
-            if mod_file:
-                files.append(mod_file)
-        except Exception as exc:
+            mod = sys.modules.get(ep.module)
+            found = [v for v in vars(mod).values() if isinstance(v, Patch)] if mod else []
+        if exc is not None and not found:
             entries.append(Entry(
                 name=ep.name, origin="entry-point", source=source, file=None, requires=(),
                 default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
-                error=f"{type(exc).__name__}: {exc}",
+                error=describe(exc), unsure=True,
             ))
             continue
         for p in found:
             p.source, p.origin = source, "entry-point"
-            entries.append(Entry.from_patch(p, "entry-point", source, None))
-            _ep_patches[p.name] = p
+            error = describe(exc) if exc is not None else None
+            entries.append(Entry.from_patch(p, "entry-point", source, None, error=error))
+            if error is None:
+                _ep_patches[p.name] = p
     return entries
 
 
@@ -283,11 +570,10 @@ def _load_entry_point_module(entry: Entry) -> None:
     from .declare import Patch, collecting
 
     module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
-    if not module:
-        _entry_point_entries([])
-        return
     with collecting() as found:
-        mod = importlib.import_module(module)
+        mod, exc = run_patch_code(lambda: importlib.import_module(module))
+    if exc is not None:
+        raise DeclarationFailed(exc, list(found))
     if not found:  # already imported elsewhere: pick up its Patch objects
         found = [v for v in vars(mod).values() if isinstance(v, Patch)]
     for p in found:
@@ -296,11 +582,12 @@ def _load_entry_point_module(entry: Entry) -> None:
 
 
 def load_patch(entry: Entry) -> Patch:
-    """The Patch object behind an index entry (executes its declaration the first time)."""
-    if entry._patch is not None:
-        return entry._patch
+    """The Patch object behind an index entry (executes its declaration the first time). Raises
+    an Exception (never anything else) when the declaration is broken."""
     if entry.error:
         raise RuntimeError(entry.error)
+    if entry._patch is not None:
+        return entry._patch
     if entry.file:
         patches = _load_file(entry.file)
     else:
@@ -314,14 +601,30 @@ def load_patch(entry: Entry) -> Patch:
     raise RuntimeError(f"{entry.source} no longer declares a patch named {entry.name!r}")
 
 
+def retry_declaration(entry: Entry) -> None:
+    """Late activation only: run a declaration recorded as broken once more, since its failure
+    may have been the environment's (a variable set later, a file written later). Success clears
+    the error in this process only; the index keeps it until the source changes, so a start never
+    re-executes it. A declaration that imports its own target stays refused."""
+    if not entry.error or not entry.file or entry.error.startswith("patch code imports"):
+        return
+    try:
+        patches = _load_file(entry.file)
+    except Exception:
+        return  # still broken: load_patches reports it
+    for p in patches:
+        if p.name == entry.name:
+            entry._patch, entry.error = p, None
+            return
+
+
 def guess_modules(file: str) -> list[str]:
     """Target modules named in a declaration that failed to load: '+++ b/x/y.py' lines of a diff,
     'pkg.mod:Name' strings of a .py file."""
     import re
 
     try:
-        with open(file, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        text = _read_regular(file).decode("utf-8", "replace")
     except OSError:
         return []
     mods: list[str] = []

@@ -19,7 +19,10 @@ Per patch the outcome is one of:
   ``add``, already there), a module is missing while its package is there, or it conflicts with
   another active (enabled or named) patch;
 - ``skip``: the version requirement does not hold, so the import hook would skip it;
-- ``absent``: no target package is in the source, so the hook would never see its modules.
+- ``absent``: no target package is in the source, so the hook would never see its modules;
+- ``already-applied``: nothing fails, but every hunk of a diff is already in the source (its new
+  side is where its old side was expected): the change is upstream. The import hook fails such a
+  patch (``on_error="warn"``: skips it) saying so; remove the patch or bound its Requires.
 An operation whose outcome cannot be told from the source (a class bound by an import, a name that
 may come from ``from x import *``) is ``warn`` and does not fail its patch.
 """
@@ -42,6 +45,7 @@ from .finder import declared
 from .finder import decode_source as _decode
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
+ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
 
 
 class UsageError(Exception):
@@ -422,13 +426,16 @@ class SymbolResult:
 class HunkResult:
     index: int
     header: str
-    applied: bool
+    applied: bool  # it applies (an already-applied hunk does not)
     expected: str | None = None
     line: int | None = None
     actual: str | None = None
     nearest: int | None = None
     nearest_score: float | None = None
     detail: str = ""
+    verdict: str = "applies"  # "applies", "fails" or "already-applied"
+    kind: str | None = None  # why it fails: one of diffs' kinds (diffs.MISMATCH, ...)
+    fit: int | None = None  # the line of an exact fit the rules refuse, or of the new side
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -465,6 +472,7 @@ class PatchResult:
     requirement_ok: bool = True
     requirement: str = ""
     status: str = OK
+    on_error: str | None = None  # "fail" or "warn"; None when the declaration does not load
     problems: list[str] = dataclasses.field(default_factory=list)
     ops: list[OpResult] = dataclasses.field(default_factory=list)
     base: str | None = None  # a diff patch's Base: header (the release it was made on)
@@ -477,7 +485,8 @@ class PatchResult:
     @property
     def failing(self) -> bool:
         """Whether this result makes ``check`` exit 1."""
-        return (self.active and self.status == FAIL) or (self.named and self.status != OK)
+        broken = self.status in (FAIL, ALREADY_APPLIED)
+        return (self.active and broken) or (self.named and self.status != OK)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -565,6 +574,7 @@ class _Checker:
 
     def diff(self, op: declare.Op, result: OpResult) -> None:
         assert op.file_patch is not None and result.file is not None
+        assert result.module is not None
         fp, text = op.file_patch, self.source.text(result.file)
         hunks = [HunkResult(i, h.header, True) for i, h in enumerate(fp.hunks, 1)]
         result.hunks = hunks
@@ -572,21 +582,36 @@ class _Checker:
             diffs.apply(text, fp)
             result.detail = f"{len(hunks)} hunk(s) apply"
             return
+        except diffs.DiffError as exc:  # a hunk without context (declare refuses those first)
+            result.status, result.detail = FAIL, str(exc)
+            return
         except diffs.HunkMismatch as exc:
-            first = exc
-        # Hunks after the first misfit are tried alone, so the report shows all that drifted.
-        for h in hunks[first.hunk_index - 1:]:
-            m = first if h.index == first.hunk_index else _misfit(text, fp, h.index)
-            if m is not None:
-                h.applied = False
-                h.expected, h.line, h.actual = m.expected, m.line, m.actual
-                h.nearest, h.nearest_score, h.detail = m.nearest, m.nearest_score, str(m)
-        failed = [h for h in hunks if not h.applied]
+            mismatch = exc
+        # diffs.apply names every failing hunk of the file, as the import hook's error does.
+        for m in mismatch.failures:
+            h = hunks[m.hunk_index - 1]
+            h.applied = False
+            h.verdict = ALREADY_APPLIED if m.kind == ALREADY_APPLIED else "fails"
+            h.kind, h.fit = m.kind, m.fit
+            h.expected, h.line, h.actual = m.expected, m.line, m.actual
+            h.nearest, h.nearest_score, h.detail = m.nearest, m.nearest_score, m.describe()
+        top = result.module.partition(".")[0]
+        version = f"{top} {self.version_of(top) or 'version unknown'}"
+        if mismatch.all_applied:
+            result.status, result.detail = ALREADY_APPLIED, mismatch.message(version)
+            return
+        failed = [h.index for h in hunks if not h.applied]
+        upstream = [h.index for h in hunks if h.verdict == ALREADY_APPLIED]
         result.status = FAIL
         result.detail = (
             f"{len(failed)} of {len(hunks)} hunk(s) do not apply "
-            f"(#{', #'.join(str(h.index) for h in failed)})"
+            f"(#{', #'.join(str(i) for i in failed)})"
         )
+        if upstream:
+            result.detail += (
+                f"; #{', #'.join(str(i) for i in upstream)} already applied in this version "
+                f"({version}) and the others not: the change is partly upstream"
+            )
 
     def transform(self, op: declare.Op, result: OpResult) -> None:
         from . import transforms
@@ -660,14 +685,6 @@ def _collects_fields(tree: ast.Module, owner: str) -> str:
 
     return next((why for cls in class_nodes(tree, owner) if (why := collects_fields(tree, cls))),
                 "")
-
-
-def _misfit(text: str, fp: diffs.FilePatch, index: int) -> diffs.HunkMismatch | None:
-    try:
-        diffs.apply(text, dataclasses.replace(fp, hunks=(fp.hunks[index - 1],)))
-    except diffs.HunkMismatch as exc:
-        return exc
-    return None
 
 
 def run(
@@ -760,6 +777,7 @@ def _check_entry(
         result.status = FAIL
         return result, []
     patch = loaded.patch
+    result.on_error = patch.on_error
     result.requirement_ok, result.requirement = loaded.ok, loaded.why
     pairs = [(op, checker.op(op)) for op in patch.ops]
     result.ops = [r for _, r in pairs]
@@ -780,6 +798,8 @@ def _status(result: PatchResult) -> str:
         return SKIP
     if any(op.status == FAIL for op in result.ops):
         return FAIL
+    if any(op.status == ALREADY_APPLIED for op in result.ops):
+        return ALREADY_APPLIED
     if result.ops and all(op.status == ABSENT for op in result.ops):
         return ABSENT
     return OK

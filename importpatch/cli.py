@@ -5,6 +5,7 @@
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
     importpatch doctor                        is the start-up hook installed and active here?
+    importpatch cache [prune|clear]           size of the cache folder; prune or empty it
     importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
     importpatch save NAME                     write NAME.diff from the work folder's edits
     importpatch rebase NAME... --to WHERE     carry diff patches to another release (3-way)
@@ -34,13 +35,17 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                      "dists": [{"name", "version"}]},
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
                       "requires": [str], "requirement_ok": bool, "requirement",
-                      "status": "ok"|"fail"|"skip"|"absent", "problems": [str], "failing": bool,
-                      "ops": [{"kind", "target", "status": "ok"|"fail"|"warn"|"absent", "detail",
+                      "status": "ok"|"fail"|"skip"|"absent"|"already-applied",
+                      "on_error": "fail"|"warn"|null, "problems": [str], "failing": bool,
+                      "ops": [{"kind", "target",
+                               "status": "ok"|"fail"|"warn"|"absent"|"already-applied", "detail",
                                "module": str|null, "file": str|null,
                                "candidates": [{"module", "exists": bool}],
                                "hunks": null | [{"index", "header", "applied": bool,
                                                  "expected", "line", "actual", "nearest",
-                                                 "nearest_score", "detail"}],
+                                                 "nearest_score", "detail",
+                                                 "verdict": "applies"|"fails"|"already-applied",
+                                                 "kind": str|null, "fit": int|null}],
                                "symbol": null | {"qualname", "found": bool, "kind", "line"},
                                "order": int|null, "decorated": bool|null,
                                "chain": LINK|null}]}],
@@ -68,8 +73,12 @@ rebase: {"patch", "base", "target", "files": [{"module", "path",
         "suggestion"
 doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
          "pth_ran": bool, "finder": {"active": bool, "patches": [str], "why"},
-         "env": {name: value}, "cache": {"root", "problem": str|null},
-         "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
+         "env": {name: value}, "cache": {"root", "problem": str|null, "files", "bytes"},
+         "default_on": [str], "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
+cache:  {"root": str|null, "problem": str|null, "files", "bytes",
+         "areas": {"code"|"src"|"catalog"|"s": {"files", "bytes"}}, "max_bytes",
+         "releases": {"folder", "files", "bytes"} (not in the totals),
+         "removed": {"files", "bytes"} (prune and clear only)}
 """
 
 from __future__ import annotations
@@ -101,9 +110,9 @@ class Style:
         return f"\033[{code}m{text}\033[0m" if self.on else text
 
     def status(self, status: str, word: str | None = None) -> str:
-        word = word or {"fail": "FAIL"}.get(status, status)
+        word = word or {"fail": "FAIL", "already-applied": "ALREADY-APPLIED"}.get(status, status)
         code = {"ok": "32", "on": "32", "applied": "32", "fail": "31;1", "failed": "31;1",
-                "skip": "33", "skipped": "33", "warn": "33"}.get(status)
+                "already-applied": "31;1", "skip": "33", "skipped": "33", "warn": "33"}.get(status)
         return self._paint(code, word) if code else word
 
     def bold(self, text: str) -> str:
@@ -260,6 +269,10 @@ def check_lines(p: Any, style: Style) -> list[str]:
         req = "; ".join(p.requires)
         lines.append(f"    {'version':10}{verdict:5} {req}: {_reason(p.requirement, req)}")
     lines += [f"    {style.status('fail', 'problem')}   {problem}" for problem in p.problems]
+    if p.status == "already-applied":
+        then = ("skips it (on_error=warn)" if p.on_error == "warn"
+                else "fails the import of its target")
+        lines.append(f"    {'upstream':16}the change is in this version; the import hook {then}")
     for op in p.ops:
         lines.append(f"    {op.kind:10}{style.status(op.status):5} {op.target}")
         pad = " " * 20
@@ -273,17 +286,8 @@ def check_lines(p: Any, style: Style) -> list[str]:
         elif op.kind == "wrap" and op.order:
             lines.append(f"{pad}order {op.order}")
         for h in op.hunks or ():
-            if h.applied:
-                continue
-            found = "end of file" if h.actual is None else repr(h.actual)
-            text = f"{pad}hunk #{h.index} {h.header.split('@@')[1].strip()}: "
-            if h.expected:
-                text += f"line {h.line} expected {h.expected!r}, found {found}"
-            else:
-                text += f"cannot be placed before line {h.line}"
-            if h.nearest is not None:
-                text += f"; nearest fit at line {h.nearest} ({h.nearest_score:.0%} of its lines)"
-            lines.append(text)
+            if not h.applied:  # the words are diffs.HunkMismatch.describe()'s, as at import
+                lines.append(f"{pad}hunk #{h.index} {h.header.split('@@')[1].strip()} {h.detail}")
     if p.suggestion:
         lines.append(f"    {'hint':10}      {p.suggestion}")
     return lines
@@ -345,8 +349,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         path = check.module_path(module, file)
         text = source.text(file)
         row: dict[str, Any] = {"module": module, "file": file, "path": path}
+        top = module.partition(".")[0]
+        version = f"{top} {source.version(top) or 'version unknown'}"  # of --against, if given
         try:
-            row["diff"] = _make_diff(text, transforms.patch_text(module, file, text, ops), path)
+            patched = transforms.patch_text(module, file, text, ops, version=version)
+            row["diff"] = _make_diff(text, patched, path)
             row["error"] = None
         except PatchError as exc:
             row["diff"], row["error"] = "", exc.what
@@ -678,7 +685,11 @@ PEP829_PYTHON = (3, 18)  # from here on .pth import lines are ignored; the .star
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    pth_ran = "importpatch._boot" in sys.modules  # before anything here imports it
+    # The .pth line ran: it started the hook, or (nothing to do) its compiled check replaced
+    # site.addpackage; looked at before anything here imports _boot.
+    site_add = getattr(sys.modules.get("site"), "addpackage", None)
+    pth_ran = ("importpatch._boot" in sys.modules
+               or getattr(site_add, "__name__", "") == "_addpackage_once")
     from . import config, finder
 
     notes: list[str] = []
@@ -738,7 +749,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         problems.append(why + " (see the lines above)")
     else:
         why = f"no patch is enabled here (set {config.ENABLE}=name,... or all)"
-    cache = _cache_row(config)
+    cache = _cache_row()
+    from . import catalog
+
+    default_on = sorted(e.name for e in catalog.load(toggles) if e.default)
     if cache["problem"]:
         warnings.append(cache["problem"] + ": patched modules are compiled again in every process")
     ok = not problems
@@ -748,7 +762,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "pth": [{k: r[k] for k in ("dir", "pth", "current", "start")} for r in pth_rows],
             "pth_ran": pth_ran, "finder": {"active": active is not None, "patches": names,
                                            "why": why},
-            "env": env, "cache": cache, "notes": notes, "warnings": warnings,
+            "env": env, "cache": cache, "default_on": default_on, "notes": notes,
+            "warnings": warnings,
             "problems": problems, "ok": ok,
         })
         return 0 if ok else 1
@@ -765,7 +780,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     state = style.status("on") if active is not None else "off"
     lines.append(f"finder    {state}: {why}" + (f" ({', '.join(names)})" if names else ""))
     lines += [f"env       {k}={v}" for k, v in env.items()] or ["env       (none)"]
-    lines.append(f"cache     {cache['root']}: {cache['problem'] or 'ok'}")
+    lines.append(f"cache     {cache['root']}: {cache['problem'] or 'ok'} ({cache['files']} files, "
+                 f"{_human(cache['bytes'])}; `importpatch cache` shows and prunes it)")
+    lines.append("default   " + (", ".join(default_on) or "no patch is on by default here"))
     lines += [f"note      {n}" for n in notes]
     lines += [f"{style.status('warn', 'warning')}   {w}" for w in warnings]
     lines += [f"{style.status('fail', 'problem')}   {p}" for p in problems]
@@ -780,23 +797,12 @@ def _user_site_enabled() -> bool:
     return bool(site.ENABLE_USER_SITE)
 
 
-def _site_dirs() -> list[tuple[str, bool]]:
-    import site
-
-    dirs = [(d, False) for d in getattr(site, "getsitepackages", lambda: [])()]
-    user_site = site.getusersitepackages()
-    if isinstance(user_site, str):
-        dirs.append((user_site, True))
-    unique: dict[str, bool] = {}
-    for folder, user in dirs:
-        unique.setdefault(folder, user)
-    return list(unique.items())
-
-
 def _pth_rows() -> list[dict[str, Any]]:
     expected = _expected_pth_hash()
     rows = []
-    for folder, user in _site_dirs():
+    from .sites import site_packages
+
+    for folder, user in site_packages():
         pth = os.path.join(folder, "importpatch.pth")
         row: dict[str, Any] = {"dir": folder, "user": user, "pth": os.path.isfile(pth),
                                "current": None, "start": os.path.isfile(
@@ -849,28 +855,94 @@ def _unknown_vars(env: dict[str, str]) -> list[str]:
     return out
 
 
-def _cache_row(config: Any) -> dict[str, Any]:
-    import stat
+def _cache_row() -> dict[str, Any]:
+    from . import bytecache, config
 
-    root = config.cache_root()
-    problem = None
-    if config.is_truthy(config.get(os.environ, config.NO_CACHE)):
+    root, problem = bytecache.root_problem()
+    if problem is None and config.flag(os.environ, config.NO_CACHE):
         problem = f"{config.NO_CACHE} is set"
-    elif os.path.isdir(root):
-        st = os.stat(root)
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            problem = f"cache folder {root} belongs to another user (uid {st.st_uid})"
-        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            problem = f"cache folder {root} is writable by others (chmod go-w it)"
-        elif not os.access(root, os.W_OK | os.X_OK):
-            problem = f"cache folder {root} is not writable"
-    else:
-        parent = root
-        while parent and not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not parent or not os.access(parent, os.W_OK | os.X_OK):
-            problem = f"cache folder {root} cannot be created ({parent or root} is not writable)"
-    return {"root": root, "problem": problem}
+    size = bytecache.usage(root) if root and os.path.isdir(root) else {"files": 0, "bytes": 0}
+    return {"root": root, "problem": problem, "files": size["files"], "bytes": size["bytes"]}
+
+
+# -- cache ---------------------------------------------------------------------------------------
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from . import bytecache
+
+    root, problem = bytecache.root_problem()
+    if root is None:
+        raise UsageError(problem or "no cache folder", "set IMPORTPATCH_CACHE_DIR")
+    if args.releases and args.action != "clear":
+        raise UsageError("--releases goes with clear", "importpatch cache clear --releases")
+    removed = None
+    if args.action == "clear":
+        removed = bytecache.prune(root, max_bytes=0, older_than_s=0)
+        if args.releases:
+            removed = _remove_releases(root, removed)
+    elif args.action == "prune":
+        max_bytes = _size(args.max_size) if args.max_size else int(
+            bytecache.MAX_BYTES * bytecache.PRUNE_TO)
+        older = args.older_than * 86_400 if args.older_than is not None else None
+        removed = bytecache.prune(root, max_bytes=max_bytes, older_than_s=older)
+    size = bytecache.usage(root) if os.path.isdir(root) else {
+        "files": 0, "bytes": 0, "areas": {a: {"files": 0, "bytes": 0} for a in bytecache.AREAS}}
+    out: dict[str, Any] = {"root": root, "problem": problem, **size,
+                           "max_bytes": bytecache.MAX_BYTES,
+                           "releases": bytecache.releases_usage(root)}
+    if removed is not None:
+        out["removed"] = {"files": removed[0], "bytes": removed[1]}
+    if args.json:
+        emit_json(out)
+        return 0
+    lines = [f"cache     {root}: {problem or 'ok'}"]
+    labels = {"code": "compiled modules", "src": "published patched text",
+              "catalog": "discovery indexes", "s": "start-up stamps"}
+    areas: dict[str, dict[str, int]] = out["areas"]
+    for area, label in labels.items():
+        lines.append(f"  {label:24} {areas[area]['files']:6} files {_human(areas[area]['bytes'])}")
+    lines.append(f"  {'total':24} {out['files']:6} files {_human(out['bytes'])} "
+                 f"(pruned to {_human(int(bytecache.MAX_BYTES * bytecache.PRUNE_TO))} when "
+                 f"it passes {_human(bytecache.MAX_BYTES)})")
+    kept = out["releases"]  # not in the total: the bound never deletes a download
+    lines.append(f"  {'releases (not pruned)':24} {kept['files']:6} files {_human(kept['bytes'])}"
+                 f"  {kept['folder']}")
+    if removed is not None:
+        lines.append(f"removed   {removed[0]} files, {_human(removed[1])}")
+    emit(lines)
+    return 0
+
+
+def _remove_releases(root: str, removed: tuple[int, int]) -> tuple[int, int]:
+    """Delete the release artifacts under root; ``removed`` plus what went."""
+    import shutil
+
+    from . import bytecache
+
+    before = bytecache.releases_usage(root)
+    shutil.rmtree(before["folder"], ignore_errors=True)
+    after = bytecache.releases_usage(root)  # what could not be removed stays counted
+    return (removed[0] + before["files"] - after["files"],
+            removed[1] + before["bytes"] - after["bytes"])
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in units else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * units[unit])
+    except ValueError:
+        raise UsageError(f"--max-size {text!r} is not a size", "e.g. 100M or 2G") from None
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.1f} GiB"
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -909,6 +981,14 @@ def parser() -> argparse.ArgumentParser:
     s = command("status", cmd_status, "patch events of every process, as a process tree")
     s.add_argument("--events-dir", metavar="DIR", help="default: $IMPORTPATCH_EVENTS_DIR")
     command("doctor", cmd_doctor, "is the start-up hook installed and active here?")
+    k = command("cache", cmd_cache, "size of the cache folder; prune or empty it")
+    k.add_argument("action", nargs="?", choices=("show", "prune", "clear"), default="show")
+    k.add_argument("--max-size", metavar="SIZE",
+                   help="prune: keep at most SIZE (e.g. 100M; default: 3/4 of the bound)")
+    k.add_argument("--older-than", metavar="DAYS", type=float,
+                   help="prune: also remove what was not used for DAYS days")
+    k.add_argument("--releases", action="store_true",
+                   help="clear: also remove the downloaded release artifacts (kept otherwise)")
     work_help = "work folder (default: $XDG_DATA_HOME/importpatch/work, ~/.local/share/...)"
     e = command("edit", cmd_edit, "copy modules' source to a work folder, to make a diff patch")
     e.add_argument("modules", nargs="*", metavar="MODULE",
@@ -931,11 +1011,11 @@ def parser() -> argparse.ArgumentParser:
     r = command("rebase", cmd_rebase, "carry diff patches to another release (3-way merge)")
     r.add_argument("names", nargs="+", metavar="NAME")
     r.add_argument("--to", required=True, metavar="WHERE",
-                   help="the target: .whl, .tar.gz sdist, folder, NAME==VERSION (downloaded by "
-                        "pip, cached) or 'installed'")
+                   help="the target: .whl, .tar.gz sdist, folder, NAME==VERSION[:sdist] "
+                        "(downloaded from the index, cached) or 'installed'")
     r.add_argument("--base", metavar="WHERE",
                    help="the release the diff was made on (default: its Base: header, "
-                        "downloaded by pip when not cached)")
+                        "downloaded from the index when not cached)")
     r.add_argument("--out", metavar="PATH",
                    help="where the rebased diff goes (default: over the patch's own file when it "
                         "comes from an IMPORTPATCH_PATH folder, else the work folder)")

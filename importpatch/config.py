@@ -1,8 +1,13 @@
 """Toggles: which patches are on, read from environment variables.
 
 Read at interpreter start (from ``_boot``) and again on late activation, so this module
-imports nothing beyond ``os``. Garbage in any variable is reported as a *problem* string and
-never raises: the ``.pth`` line must not break a Python process.
+imports nothing beyond ``os``. Garbage in any variable is reported as a *problem* string (one
+warning per process, naming the variable and the values it accepts) and never raises: the ``.pth``
+line must not break a Python process.
+
+One precedence rule, used by every reader (the ``.pth`` line's slow path, ``_boot``, the vLLM
+plugin, ``enable()``, ``importpatch doctor``): ``IMPORTPATCH_X`` wins whenever it is *set*, even
+to an empty value; ``VLLM_IMPORTPATCH_X`` is read only when ``IMPORTPATCH_X`` is absent.
 """
 
 from __future__ import annotations
@@ -16,38 +21,70 @@ if TYPE_CHECKING:
 # Every variable the project reads, in one place (the README and `importpatch doctor` list them).
 ENABLE = "IMPORTPATCH_ENABLE"  # comma/space separated patch names, or "all"
 DISABLE = "IMPORTPATCH_DISABLE"  # names to switch off, wins over ENABLE and defaults
-OFF = "IMPORTPATCH_OFF"  # global kill switch: any value but 0/false/no/off/"" disables all
+OFF = "IMPORTPATCH_OFF"  # global kill switch (a switch: see SWITCH_VALUES)
 PATH = "IMPORTPATCH_PATH"  # os.pathsep separated folders of .py / .diff / .patch declarations
-LOG = "IMPORTPATCH_LOG"  # "1": one line per event on stderr
+LOG = "IMPORTPATCH_LOG"  # switch: one line per event on stderr
 EVENTS_DIR = "IMPORTPATCH_EVENTS_DIR"  # folder: every process appends its events there (JSON lines)
 CACHE_DIR = "IMPORTPATCH_CACHE_DIR"  # bytecode cache, catalog index and published text live here
-NO_CACHE = "IMPORTPATCH_NO_CACHE"  # "1": never read or write the bytecode cache
+NO_CACHE = "IMPORTPATCH_NO_CACHE"  # switch: never read or write the bytecode cache
 
 ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE)
+
+# The blog-style spelling (issue 15, importpatch.compat): a set VLLM_CUSTOM_PATCHES is a reason
+# to activate at start, like IMPORTPATCH_ENABLE. The .pth line looks for it by name, as it looks
+# for "IMPORTPATCH_" in every name (importpatch/_pth.py).
+CUSTOM_PATCHES = "VLLM_CUSTOM_PATCHES"
 
 # vLLM's Ray executor copies only VLLM_-prefixed variables (and a few others) to its workers
 # (vllm/ray/ray_env.py); the same toggles spelled VLLM_IMPORTPATCH_* ride along and are read
 # when the IMPORTPATCH_* spelling is absent.
 VLLM_PREFIX = "VLLM_"
 
-_FALSY = ("", "0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+SWITCH_VALUES = "1, true, yes, on (on) or 0, false, no, off, empty (off)"
 
 
 def get(environ: Mapping[str, str], name: str) -> str | None:
+    """The value of ``name`` under the precedence rule of the module docstring."""
     value = environ.get(name)
     if value is None:
         value = environ.get(VLLM_PREFIX + name)
     return value
 
 
+def switch(value: str | None, default: bool = False) -> bool | None:
+    """A switch's value: True, False, or None when it is not one of SWITCH_VALUES (unset:
+    ``default``)."""
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    return None
+
+
+def flag(environ: Mapping[str, str], name: str) -> bool:
+    """A switch as every reader must interpret it: an unrecognised value of OFF means off
+    (everything is disabled, the safe side), of LOG and NO_CACHE their default (off)."""
+    value = switch(get(environ, name))
+    if value is None:
+        return name == OFF
+    return value
+
+
 def is_truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in _FALSY
+    """Kept for callers outside the project's readers; prefer ``flag``."""
+    return bool(switch(value))
 
 
 class Toggles:
     """The parsed switches. ``problems`` lists what could not be understood."""
 
-    __slots__ = ("enable", "enable_all", "disable", "off", "path", "log", "events_dir", "problems")
+    __slots__ = ("enable", "enable_all", "disable", "off", "path", "log", "events_dir",
+                 "problems")
 
     def __init__(
         self,
@@ -101,34 +138,70 @@ def _names(raw: str, var: str, problems: list[str]) -> set[str]:
 def read(environ: Mapping[str, str] | None = None) -> Toggles:
     env = os.environ if environ is None else environ
     problems: list[str] = []
+    for name in ALL_VARS:  # both spellings set and different: say which one counts
+        plain, vllm = env.get(name), env.get(VLLM_PREFIX + name)
+        if plain is not None and vllm is not None and plain != vllm:
+            problems.append(f"{name}={plain!r} and {VLLM_PREFIX}{name}={vllm!r} are both set: "
+                            f"{name} wins (the {VLLM_PREFIX} spelling is read only without it)")
+    for name in (OFF, LOG, NO_CACHE):
+        raw = get(env, name)
+        if switch(raw) is None:
+            means = "everything is off" if name == OFF else "off"
+            problems.append(f"{_spelled(env, name)}={raw!r} is not a switch value (accepted: "
+                            f"{SWITCH_VALUES}); taken as {means}")
     enable = _names(get(env, ENABLE) or "", ENABLE, problems)
     enable_all = "all" in enable
     enable.discard("all")
     disable = _names(get(env, DISABLE) or "", DISABLE, problems)
-    off = is_truthy(get(env, OFF))
+    off = flag(env, OFF)
     path = tuple(p for p in (get(env, PATH) or "").split(os.pathsep) if p.strip())
     for p in path:
         if not os.path.isdir(p):
             problems.append(f"{PATH}: {p!r} is not a folder")
     events_dir = get(env, EVENTS_DIR) or None
+    if events_dir is not None:
+        events_dir = os.path.abspath(events_dir)  # children may run in another folder
     return Toggles(
         enable=frozenset(enable),
         enable_all=enable_all,
         disable=frozenset(disable),
         off=off,
         path=path,
-        log=is_truthy(get(env, LOG)),
+        log=flag(env, LOG),
         events_dir=events_dir,
         problems=tuple(problems),
     )
 
 
-def cache_root(environ: Mapping[str, str] | None = None) -> str:
-    """The documented default: $IMPORTPATCH_CACHE_DIR, else $XDG_CACHE_HOME/importpatch, else
-    ~/.cache/importpatch. (The .pth line computes the same path inline; keep them in step.)"""
+def _spelled(env: Mapping[str, str], name: str) -> str:
+    return name if name in env else VLLM_PREFIX + name
+
+
+def default_cache_root(environ: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """The default cache root ($XDG_CACHE_HOME/importpatch, else ~/.cache/importpatch) and, when
+    there is none, why. A relative XDG_CACHE_HOME is ignored (XDG base directory spec); without a
+    home folder (HOME unset and no password-database entry) there is no default: never a
+    relative ``~/.cache`` under the working folder. (The .pth line computes the same path inline
+    and puts a "/" in front, so that it never looks at a relative path either.)"""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_CACHE_HOME") or ""
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "importpatch"), ""
+    home = env.get("HOME") or ""
+    if not home:
+        home = os.path.expanduser("~")  # the password database
+    if not os.path.isabs(home):
+        uid = os.getuid() if hasattr(os, "getuid") else "?"
+        return None, (f"no cache folder: HOME is not set and user id {uid} has no home in the "
+                      f"password database (set {CACHE_DIR} or HOME)")
+    return os.path.join(home, ".cache", "importpatch"), ""
+
+
+def cache_root(environ: Mapping[str, str] | None = None) -> str | None:
+    """$IMPORTPATCH_CACHE_DIR (made absolute: children may run in another folder), else the
+    default root; None when there is none (see ``default_cache_root``)."""
     env = os.environ if environ is None else environ
     explicit = get(env, CACHE_DIR)
     if explicit:
-        return os.path.abspath(explicit)  # children may run in another folder
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "importpatch")
+        return os.path.abspath(explicit)
+    return default_cache_root(env)[0]

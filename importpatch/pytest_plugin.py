@@ -92,11 +92,9 @@ def _child_env(
 
 
 def _site_dirs() -> set[str]:
-    import site
+    from .sites import site_packages
 
-    dirs = set(getattr(site, "getsitepackages", list)())
-    user = site.getusersitepackages()
-    return {str(Path(d).resolve()) for d in (*dirs, *([user] if isinstance(user, str) else []))}
+    return {str(Path(d).resolve()) for d, _ in site_packages()}
 
 
 @pytest.fixture

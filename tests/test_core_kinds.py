@@ -233,10 +233,11 @@ Summary: four files in one diff
 diff --git a/dpkg/one.py b/dpkg/one.py
 --- a/dpkg/one.py
 +++ b/dpkg/one.py
-@@ -1,2 +1,2 @@
+@@ -1,3 +1,3 @@
  def a():
 -    return "a"
 +    return "A"
+
 @@ -5,2 +5,2 @@
  def b():
 -    return "b"
@@ -244,10 +245,11 @@ diff --git a/dpkg/one.py b/dpkg/one.py
 diff --git a/dpkg/crlf.py b/dpkg/crlf.py
 --- a/dpkg/crlf.py
 +++ b/dpkg/crlf.py
-@@ -1,2 +1,2 @@
+@@ -1,3 +1,3 @@
  def c():
 -    return "c"
 +    return "C"
+
 diff --git a/dpkg/nonl.py b/dpkg/nonl.py
 --- a/dpkg/nonl.py
 +++ b/dpkg/nonl.py

@@ -196,7 +196,8 @@ def test_on_error_warn_skips_a_patch_that_cannot_apply(lab: Lab, on_error: str) 
             On-Error: {on_error}
             --- a/wpkg/mod.py
             +++ b/wpkg/mod.py
-            @@ -4 +4 @@
+            @@ -3,2 +3,2 @@
+
             -VALUE = 0
             +VALUE = 2
             ''',

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import time
 
@@ -162,22 +163,32 @@ GIT_U0 = (
 )
 
 
-def test_zero_context_insertion_at_top_and_omitted_lengths() -> None:
+def test_zero_context_diff_is_refused_unless_accepted() -> None:
     f = only_file(GIT_U0)
     top, change = f.hunks
     assert (top.old_start, top.old_len, top.new_start, top.new_len) == (0, 0, 1, 1)
     assert (change.old_start, change.old_len, change.new_start, change.new_len) == (7, 1, 8, 1)
     assert change.header == "@@ -7 +8 @@ def f():"
-    assert apply(FN_OLD, f) == FN_NEW
+    # Nothing tells where a hunk without context goes (git apply would put this insertion at
+    # the end of the file): refused, saying how to fix it.
+    with pytest.raises(DiffError) as info:
+        apply(FN_OLD, f)
+    message = str(info.value)
+    assert info.value.lineno == 7 and "hunk #2 '@@ -7 +8 @@ def f():'" in message
+    for part in ("git diff -U0", "make the diff again with context", "Unidiff-Zero: yes"):
+        assert part in message
+    # Accepted explicitly: placed by its line numbers, like git apply --unidiff-zero.
+    assert apply(FN_OLD, dataclasses.replace(f, unidiff_zero=True)) == FN_NEW
 
 
 def test_insertion_after_a_line_with_zero_old_length() -> None:
     diff = "--- a/m.py\n+++ b/m.py\n@@ -5,0 +6,2 @@\n+new a\n+new b\n"
     expected = numbered(5) + "new a\nnew b\n" + numbered(5, 6)
-    assert patched(numbered(10), diff) == expected
+    assert apply(numbered(10), dataclasses.replace(only_file(diff), unidiff_zero=True)) == expected
     # At the very end of the file too.
     diff = "--- a/m.py\n+++ b/m.py\n@@ -3,0 +4 @@\n+tail\n"
-    assert patched(numbered(3), diff) == numbered(3) + "tail\n"
+    f = dataclasses.replace(only_file(diff), unidiff_zero=True)
+    assert apply(numbered(3), f) == numbered(3) + "tail\n"
 
 
 def test_insertion_into_empty_file() -> None:
@@ -206,7 +217,7 @@ def test_no_prefix_and_timestamps() -> None:
     )
     f = only_file(gnu)
     assert (f.old_path, f.new_path, f.path) == ("pkg/m.py.orig", "pkg/m.py", "pkg/m.py")
-    assert apply(numbered(2), f) == "one\nline 2\n"
+    assert apply(numbered(1), f) == "one\n"
 
 
 def test_only_one_prefix_is_stripped() -> None:
@@ -364,12 +375,13 @@ def test_max_offset_zero_means_stated_position_only() -> None:
         patched("a\nb\n", diff, max_offset=-1)
 
 
-def test_nearest_match_wins_and_earlier_on_ties() -> None:
+def test_nearest_match_wins_and_later_on_ties() -> None:
     block = "x\ny\nz\n"
     diff = "--- a/m.py\n+++ b/m.py\n@@ -4,3 +4,3 @@\n x\n-y\n+Y\n z\n"
-    # Copies at lines 1 and 7: both 3 away from the stated line 4, take the earlier.
+    # Copies at lines 1 and 7: both 3 away from the stated line 4, take the later, as git apply
+    # and GNU patch do (test_diff_corpus.py checks that against both).
     source = block + "p\nq\nr\n" + block
-    assert patched(source, diff) == block.replace("y", "Y") + "p\nq\nr\n" + block
+    assert patched(source, diff) == block + "p\nq\nr\n" + block.replace("y", "Y")
     # Copies at lines 2 and 9: line 2 is nearer.
     source = "p\n" + block + "q\nr\ns\n" + block
     assert patched(source, diff) == "p\n" + block.replace("y", "Y") + "q\nr\ns\n" + block
@@ -401,7 +413,7 @@ def test_mismatch_past_end_of_file_and_nowhere_similar() -> None:
     exc = info.value
     assert (exc.expected, exc.line, exc.actual) == ("p", 5, None)
     assert exc.nearest is None and exc.nearest_score == 0.0
-    assert "end of file" in str(exc) and "no line of the hunk" in str(exc)
+    assert "found end of file" in str(exc) and "no place in the source resembles" in str(exc)
 
 
 def test_apply_is_all_or_nothing_and_exceptions_pickle() -> None:
@@ -435,6 +447,175 @@ def test_apply_speed_10k_lines_3_hunks() -> None:
         best = min(best, time.perf_counter() - t0)
     assert result == numbered(50, start=20_000) + new
     assert best < 0.025  # typically ~0.5 ms; generous for shared CI machines
+
+
+# ----------------------------------------------------------- messages that point at the fix
+
+
+def head(n: int) -> str:
+    return "".join(f"# head {i}\n" for i in range(n))
+
+
+def test_blank_context_line_mismatch_names_the_line_found() -> None:
+    old = head(10) + "def f():\n\n    return 1\n" + "".join(f"# t{i}\n" for i in range(5))
+    f = only_file(make_diff(old, old.replace("return 1", "return 2"), "m.py"))
+    source = old.replace("def f():\n\n", "def f():\n    x = 1\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert (exc.kind, exc.expected, exc.line, exc.actual) == ("mismatch", "", 12, "    x = 1")
+    # Not the wording of a hunk without old-side lines ("cannot be placed before line 12").
+    assert "at line 12 expected a blank line but found '    x = 1'" in str(exc)
+    assert "cannot be placed" not in str(exc)
+
+
+def test_exact_fit_beyond_the_window_says_so_and_how_to_allow_it() -> None:
+    old = numbered(40)
+    new = old.replace("line 20\n", "twenty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    upstream = numbered(300, start=1000)  # 300 lines added above the hunk
+    with pytest.raises(HunkMismatch) as info:
+        apply(upstream + old, f)
+    exc = info.value
+    assert (exc.kind, exc.line, exc.fit, exc.nearest) == ("beyond-window", 17, 317, 317)
+    message = str(exc)
+    assert "fits exactly at line 317, 300 lines away" in message
+    assert "'Max-Offset: 300' in the diff's header" in message
+    # The patch's own bound (the header's) is what apply uses; one line short still fails.
+    assert apply(upstream + old, dataclasses.replace(f, max_offset=300)) == upstream + new
+    with pytest.raises(HunkMismatch):
+        apply(upstream + old, dataclasses.replace(f, max_offset=299))
+
+
+def test_no_closest_fit_made_of_blank_lines_and_brackets() -> None:
+    block = "    result = compute(\n        alpha,\n    )\n\n\n"
+    old = head(5) + block + "def tail():\n    pass\n" + head(3)
+    f = only_file(make_diff(old, old.replace("alpha", "beta"), "m.py"))
+    # Only blank lines and a lone ')' of the hunk occur in this source, many times over.
+    source = "x = (\n    1,\n)\n\n\n" * 20
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert exc.nearest is None and exc.nearest_score == 0.0
+    assert "no place in the source resembles its old side" in str(exc)
+    assert "closest fit" not in str(exc)
+    # Where three of its four telling lines are (two lines lower), it gets one.
+    source = head(2) + old.replace("compute(", "other(")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    assert (info.value.nearest, info.value.nearest_score) == (4 + 2, 0.75)
+
+
+def test_every_failing_hunk_is_named_up_to_a_cap() -> None:
+    old = numbered(200)
+    lines = [20 * i + 10 for i in range(9)]  # 9 hunks, far apart
+    new = old
+    for n in lines:
+        new = new.replace(f"line {n}\n", f"changed {n}\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    assert len(f.hunks) == 9
+    source = old.replace("line 11\n", "x\n").replace("line 51\n", "y\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert exc.hunk_count == 9 and [m.hunk_index for m in exc.failures] == [1, 3]
+    message = str(exc)
+    assert message.startswith("pkg/m.py: 2 of 9 hunks do not apply: hunk #1 ")
+    assert "; hunk #3 '@@ -47,7 +47,7 @@' does not apply" in message and "\n" not in message
+    # Seven failing hunks: five are named, the rest counted.
+    for n in lines[:7]:
+        source = source.replace(f"line {n + 1}\n", "z\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    assert [m.hunk_index for m in info.value.failures] == [1, 2, 3, 4, 5, 6, 7]
+    message = str(info.value)
+    assert "hunk #5 " in message and "hunk #6 " not in message
+    assert "; and 2 more ('importpatch check' lists all)" in message
+    again = pickle.loads(pickle.dumps(info.value))
+    assert str(again) == message and len(again.others) == 6
+
+
+# -------------------------------------------------------------- placement as git and patch do
+
+
+def test_hunk_at_line_1_is_anchored_to_the_start_of_the_file() -> None:
+    old = "import os\nimport sys\n\n\ndef f():\n    pass\n"
+    f = only_file(make_diff(old, "import re\n" + old, "m.py"))
+    assert f.hunks[0].old_start == 1 and f.hunks[0].leading == 0
+    # Upstream added a first line: git apply and GNU patch refuse the insertion; it must not
+    # land below the new line.
+    with pytest.raises(HunkMismatch) as info:
+        apply("# SPDX-License-Identifier: Apache-2.0\n" + old, f)
+    exc = info.value
+    assert (exc.kind, exc.line, exc.fit) == ("anchored", 1, 2)
+    assert "must match at the start of the file" in str(exc)
+    assert apply(old, f) == "import re\n" + old
+
+
+def test_hunk_without_trailing_context_is_anchored_to_the_end_of_the_file() -> None:
+    old = numbered(10)
+    f = only_file(make_diff(old, old + "appended = True\n", "m.py"))
+    assert f.hunks[0].trailing == 0
+    # Upstream appended code: the addition must not land before it.
+    with pytest.raises(HunkMismatch) as info:
+        apply(old + "newer = 1\n", f)
+    exc = info.value
+    assert (exc.kind, exc.expected, exc.line, exc.actual) == (
+        "anchored", "<end of file>", 11, "newer = 1")
+    assert "must end at the end of the file" in str(exc)
+
+
+def test_hunk_that_changes_nothing_is_malformed() -> None:
+    with pytest.raises(DiffError) as info:
+        parse("--- a/m.py\n+++ b/m.py\n@@ -1,2 +1,2 @@\n a\n b\n")
+    assert info.value.lineno == 3 and "changes nothing" in str(info.value)
+
+
+# ------------------------------------------------------------------------ already applied
+
+
+def test_a_diff_whose_every_hunk_is_already_there_is_recognised() -> None:
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\nfifty-one\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    with pytest.raises(HunkMismatch) as info:
+        apply(numbered(5, start=100) + new, f)  # upstream, and moved by 5 lines
+    exc = info.value
+    assert exc.all_applied and [m.kind for m in exc.failures] == ["already-applied"] * 2
+    assert [m.fit for m in exc.failures] == [12, 52]
+    assert exc.message("pkg 2.0").startswith(
+        "pkg/m.py: already applied in this version (pkg 2.0) — remove the patch or bound its "
+        "Requires")
+
+
+def test_already_applied_when_the_reversed_diff_applies_though_a_hunk_fits_elsewhere() -> None:
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    # Upstream has the change, and also a copy of hunk 1's old lines further down, where hunk 1
+    # alone would fit; git apply -R takes the whole diff back out, so it is all upstream.
+    copy = "".join(f"line {i}\n" for i in range(7, 14))
+    source = new.replace("line 30\n", "line 30\n" + copy)
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert exc.all_applied and [m.fit for m in exc.failures] == [7, 54]
+
+
+def test_a_partly_applied_diff_says_which_hunks_are_upstream() -> None:
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    source = old.replace("line 10\n", "ten\n").replace("line 49\n", "forty-nine\n")
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert not exc.all_applied
+    assert [(m.hunk_index, m.kind) for m in exc.failures] == [
+        (1, "already-applied"), (2, "mismatch")]
+    message = exc.message("pkg 2.0")
+    assert "hunk #1 '@@ -7,7 +7,7 @@' is already applied: its new side is at line 7" in message
+    assert "hunk(s) #1 already applied in this version (pkg 2.0) and the others not" in message
 
 
 # ------------------------------------------------------------------- unsupported and malformed
@@ -696,6 +877,46 @@ def test_property_make_diff_then_apply_round_trips(
 DISTINCT = [f"v{i}" for i in range(10)] + ["", "é"]
 
 
+# Distinct lines around the edited part keep every hunk away from the file's start and end, so
+# no hunk is anchored there and each one is searched (anchored hunks have their own property).
+HEAD = [f"# head {i}" for i in range(4)]
+TAIL = [f"# tail {i}" for i in range(4)]
+
+
+@PROPERTY
+@given(
+    a=st.lists(st.sampled_from(DISTINCT), max_size=12, unique=True),
+    b=st.lists(st.sampled_from(DISTINCT), max_size=12),
+    eol=EOLS,
+    max_offset=st.sampled_from([0, 1, 5, 40, 200]),
+    data=st.data(),
+)
+def test_property_shift_within_bound_applies_beyond_raises(
+    a: list[str], b: list[str], eol: str, max_offset: int, data: st.DataObject
+) -> None:
+    # `a` has distinct lines, so each hunk's old side occurs exactly once and
+    # "nearest match" cannot pick a different copy.
+    assume(a != b)
+    old, new = join(HEAD + a + TAIL, eol, True), join(HEAD + b + TAIL, eol, True)
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+
+    def shifted(text: str, k: int) -> str:  # k unrelated lines after the first line
+        first, rest = text.split(eol, 1)
+        return first + eol + "".join(f"# unrelated {i}{eol}" for i in range(k)) + rest
+
+    k = data.draw(st.integers(0, max_offset), label="k")
+    assert apply(shifted(old, k), f, max_offset=max_offset) == shifted(new, k)
+
+    k = max_offset + 1 + data.draw(st.integers(0, 3), label="extra")
+    with pytest.raises(HunkMismatch) as info:
+        apply(shifted(old, k), f, max_offset=max_offset)
+    exc = info.value
+    stated = f.hunks[0].old_start
+    assert exc.hunk_index == 1 and exc.kind == "beyond-window"
+    assert exc.fit == exc.nearest == stated + k and exc.nearest_score == 1.0
+    assert f"'Max-Offset: {k}'" in str(exc)
+
+
 @PROPERTY
 @given(
     a=st.lists(st.sampled_from(DISTINCT), min_size=1, max_size=12, unique=True),
@@ -703,39 +924,26 @@ DISTINCT = [f"v{i}" for i in range(10)] + ["", "é"]
     a_nl=st.booleans(),
     b_nl=st.booleans(),
     eol=EOLS,
-    max_offset=st.sampled_from([0, 1, 5, 40, 200]),
-    data=st.data(),
 )
-def test_property_shift_within_bound_applies_beyond_raises(
-    a: list[str],
-    b: list[str],
-    a_nl: bool,
-    b_nl: bool,
-    eol: str,
-    max_offset: int,
-    data: st.DataObject,
+def test_property_anchored_hunks_refuse_a_new_first_or_last_line(
+    a: list[str], b: list[str], a_nl: bool, b_nl: bool, eol: str
 ) -> None:
-    # `a` has distinct lines, so each hunk's old side occurs exactly once and
-    # "nearest match" cannot pick a different copy.
+    # Short files: hunks reach line 1 or the last line, so git apply anchors them there
+    # (match_beginning / match_end) and a line added above / below must make them fail.
     old, new = join(a, eol, a_nl), join(b, eol, b_nl)
-    # An empty source gives a hunk without old-side lines, which fits anywhere.
-    assume(old != new and old != "")
+    assume(old != new)
     f = only_file(make_diff(old, new, "pkg/m.py"))
-    k = data.draw(st.integers(0, max_offset), label="k")
-    prefix = "".join(f"# unrelated {i}{eol}" for i in range(k))
-    expected = prefix + new
-    if "\n" not in prefix + old:  # no line ending to copy the style from: LF
-        expected = expected.replace("\r\n", "\n")
-    assert apply(prefix + old, f, max_offset=max_offset) == expected
-
-    k = max_offset + 1 + data.draw(st.integers(0, 3), label="extra")
-    prefix = "".join(f"# unrelated {i}{eol}" for i in range(k))
-    with pytest.raises(HunkMismatch) as info:
-        apply(prefix + old, f, max_offset=max_offset)
-    first = f.hunks[0]
-    stated = first.old_start if first.old_len else first.old_start + 1
-    assert info.value.hunk_index == 1
-    assert info.value.nearest == stated + k and info.value.nearest_score == 1.0
+    first, last = f.hunks[0], f.hunks[-1]
+    extra = f"# added{eol}"
+    if first.old_start <= 1:
+        with pytest.raises(HunkMismatch) as info:
+            apply(extra + old, f)
+        assert info.value.kind in ("anchored", "already-applied")
+    if last.trailing == 0 and old.endswith(eol):
+        with pytest.raises(HunkMismatch) as info:
+            apply(old + extra, f)
+        assert info.value.kind in ("anchored", "already-applied")
+    assert apply(old, f) == (new if "\n" in old else new.replace("\r\n", "\n"))
 
 
 DIFFISH = st.sampled_from(
@@ -780,7 +988,7 @@ def check_parse_is_total(text: str) -> None:
         for source in ("", "a\nb\n", "a\r\nb", "b\n" * 5):
             try:
                 assert isinstance(apply(source, f), str)
-            except HunkMismatch as exc:
+            except (HunkMismatch, DiffError) as exc:  # DiffError: a hunk without context
                 assert str(exc)
 
 

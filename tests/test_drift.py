@@ -1,126 +1,36 @@
-"""scripts/drift.py finds, downloads and caches a release the way it does on PyPI, against a
-package index served by this test on 127.0.0.1 (PEP 691 JSON or PEP 503 HTML pages, files with
-sha256), so no test reaches the network or the real cache (~/.cache/importpatch-drift).
-
-The release is a real wheel of a throwaway package, published under the file names vLLM's
-releases use (manylinux1, manylinux_2_28 for x86_64 and aarch64, a cp312-only build, an sdist):
-pip download would need the exact platform tag of each; the script takes any wheel of the version.
+"""scripts/drift.py finds, downloads and caches a release the way it does on PyPI (through
+importpatch.releases), against a package index served by this test on 127.0.0.1
+(tests/package_index.py: PEP 691 JSON or PEP 503 HTML pages, files with sha256), so no test
+reaches the network or a real cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
-import http.server
 import json
 import subprocess
 import sys
-import threading
-import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import ROOT, clean_env
-from test_cli import make_sdist, make_wheel
+from package_index import NAMES, PROJECT, Index
 
 DRIFT = ROOT / "scripts" / "drift.py"
-PROJECT = "tpkg-cpu"
-JSON_TYPE = "application/vnd.pypi.simple.v1+json"
-# What a release of vLLM looks like on the index (the first is the one to pick).
-NAMES = [
-    "tpkg_cpu-1.4.0-cp38-abi3-manylinux1_x86_64.whl",
-    "tpkg_cpu-1.4.0-cp38-abi3-manylinux_2_28_aarch64.whl",
-    "tpkg_cpu-1.4.0-cp312-cp312-manylinux_2_17_x86_64.whl",
-    "tpkg_cpu-1.4.0.tar.gz",
-    "tpkg_cpu-1.3.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-]
 
 
-class Index:
-    """A package index on 127.0.0.1: /simple/<project>/ and /files/<name>, with a request log."""
-
-    def __init__(self, folder: Path, files: dict[str, bytes]) -> None:
-        self.folder, self.files = folder, files
-        self.json = True
-        self.yanked: set[str] = set()
-        self.bad_hash: set[str] = set()
-        self.requests: list[str] = []
-        index = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-                index.requests.append(self.path)
-                if self.path == f"/simple/{PROJECT}/":
-                    accept = self.headers.get("Accept", "")
-                    kind, body = index.page(JSON_TYPE in accept and index.json)
-                elif self.path.startswith("/files/") and self.path[7:] in index.files:
-                    kind, body = "application/octet-stream", index.files[self.path[7:]]
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
-        self.thread.start()
-
-    def digest(self, name: str) -> str:
-        data = self.files[name] + (b"tampered" if name in self.bad_hash else b"")
-        return hashlib.sha256(data).hexdigest()
-
-    def page(self, as_json: bool) -> tuple[str, bytes]:
-        if as_json:
-            files = [{"filename": n, "url": f"../../files/{n}", "hashes": {"sha256":
-                      self.digest(n)}, "size": len(self.files[n]), "yanked": n in self.yanked}
-                     for n in self.files]
-            return JSON_TYPE, json.dumps({"meta": {"api-version": "1.1"}, "name": PROJECT,
-                                          "files": files}).encode()
-        yanked = ' data-yanked=""'
-        links = "".join(
-            f'<a href="../../files/{html.escape(n)}#sha256={self.digest(n)}"'
-            f'{yanked if n in self.yanked else ""}>{html.escape(n)}</a><br>\n'
-            for n in self.files)
-        return "text/html", f"<!DOCTYPE html><html><body>\n{links}</body></html>".encode()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def index(tmp_path: Path) -> Iterator[Index]:
-    (tmp_path / "build").mkdir()
-    files = {NAMES[3]: make_sdist(tmp_path / "build" / NAMES[3], "").read_bytes()}
-    for name in NAMES:
-        if name.endswith(".whl"):  # each wheel differs (a file naming it): a mix-up shows
-            wheel = make_wheel(tmp_path / "build" / name)
-            with zipfile.ZipFile(wheel, "a") as z:
-                z.writestr("tpkg/_which.txt", name)
-            files[name] = wheel.read_bytes()
-    served = Index(tmp_path, files)
-    yield served
-    served.close()
-
-
-def drift(cache: Path, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
-    env = clean_env({"IMPORTPATCH_DRIFT_CACHE": str(cache), "PIP_INDEX_URL": None})
-    return subprocess.Popen([sys.executable, str(DRIFT), *args], stdout=stdout,
+def drift(cache: Path | None, *args: str, stdout: int = subprocess.PIPE,
+          python: str = sys.executable, env: dict[str, str | None] | None = None
+          ) -> subprocess.Popen[str]:
+    """drift.py in a child; ``cache``: its IMPORTPATCH_DRIFT_CACHE (None: unset)."""
+    env = clean_env({"IMPORTPATCH_DRIFT_CACHE": str(cache) if cache else None,
+                     "PIP_INDEX_URL": None, **(env or {})})
+    return subprocess.Popen([python, str(DRIFT), *args], stdout=stdout,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
 
 
-def run(cache: Path, *args: str) -> tuple[int, str, str]:
-    proc = drift(cache, *args)
+def run(cache: Path | None, *args: str, **kwargs: Any) -> tuple[int, str, str]:
+    proc = drift(cache, *args, **kwargs)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
 
@@ -130,72 +40,95 @@ def header(out: str) -> list[str]:
 
 
 def test_any_wheel_of_the_version_is_fetched_verified_shown_and_cached(
-    index: Index, tmp_path: Path
+    package_index: Index, tmp_path: Path
 ) -> None:
-    cache = tmp_path / "cache"
-    status, out, err = run(cache, "--index-url", index.url, "--release", f"{PROJECT}==1.4.0")
+    cache, release = tmp_path / "cache", f"{PROJECT}==1.4.0"
+    status, out, err = run(cache, "--index-url", package_index.url, "--release", release)
     assert status == 0, err
     assert header(out) == ["patch", PROJECT, "1.4.0"]  # checked: the release's own metadata
     assert sorted(p.name for p in cache.glob("*.whl")) == [NAMES[0]]
-    assert hashlib.sha256((cache / NAMES[0]).read_bytes()).hexdigest() == index.digest(NAMES[0])
-    assert f"drift: downloading {NAMES[0]} into {cache}" in err
-    assert f"drift: {NAMES[0]} " in err and "(100%)" in err  # progress, one line per 10 %
+    digest = hashlib.sha256((cache / NAMES[0]).read_bytes()).hexdigest()
+    assert digest == package_index.digest(NAMES[0])
+    assert f"importpatch: downloading {NAMES[0]} into {cache}" in err
+    assert f"importpatch: {NAMES[0]} " in err and "(100%)" in err  # progress, one line per 10 %
     assert "Traceback" not in err
-    assert index.requests == [f"/simple/{PROJECT}/", f"/files/{NAMES[0]}"]
+    assert package_index.requests == [f"/simple/{PROJECT}/", f"/files/{NAMES[0]}"]
+    # the download's sha256 is remembered beside it (the matrix names each file's sha256)
+    assert (cache / f".{NAMES[0]}.sha256").read_text().split()[0] == digest
 
-    index.close()  # the second run needs no index
-    status, again, err = run(cache, "--index-url", index.url, "--release", f"{PROJECT}==1.4.0",
+    package_index.close()  # the second run needs no index
+    status, again, err = run(cache, "--index-url", package_index.url, "--release", release,
                              "--fetch-only")
     assert (status, again) == (0, f"{cache / NAMES[0]}\n"), err
     assert "downloading" not in err
 
 
-def test_the_html_index_and_yanked_files_and_the_sdist_on_request(
-    index: Index, tmp_path: Path
+def test_without_its_own_variable_drift_shares_the_releases_folder_of_rebase(
+    package_index: Index, tmp_path: Path
 ) -> None:
-    index.json = False
-    index.yanked = {NAMES[0]}
-    status, out, err = run(tmp_path / "c1", "--index-url", index.url,
-                           "--release", f"{PROJECT}==1.4.0", "--fetch-only")
-    assert status == 0, err
-    # manylinux1 yanked: the other x86_64 wheels rank cp38-abi3 > cp312 ... but the abi3 one left
-    # is aarch64, so the cp312 x86_64 wheel wins (the platform comes first).
-    assert [p.name for p in (tmp_path / "c1").glob("*.whl")] == [NAMES[2]]
-    status, out, err = run(tmp_path / "c2", "--index-url", index.url,
-                           "--release", f"{PROJECT}==1.4.0:sdist", "--fetch-only")
-    assert status == 0, err
-    assert out == f"{tmp_path / 'c2' / NAMES[3]}\n"
-    assert [p.name for p in (tmp_path / "c2").iterdir() if not p.name.startswith(".")] == [
-        NAMES[3]]
+    """One cache of release artifacts: <IMPORTPATCH_CACHE_DIR>/releases, where
+    importpatch.releases (`importpatch rebase`) looks; PIP_INDEX_URL names the index."""
+    root = tmp_path / "root"
+    status, out, err = run(None, "--release", f"{PROJECT}==1.4.0:sdist", "--fetch-only",
+                           env={"IMPORTPATCH_CACHE_DIR": str(root),
+                                "PIP_INDEX_URL": package_index.url})
+    assert (status, out) == (0, f"{root / 'releases' / NAMES[3]}\n"), err
 
 
-def test_a_download_that_does_not_match_the_index_hash_leaves_nothing(
-    index: Index, tmp_path: Path
+def test_a_download_that_does_not_match_the_index_hash_is_an_error(
+    package_index: Index, tmp_path: Path
 ) -> None:
-    index.bad_hash = {NAMES[0]}
+    package_index.bad_hash = {NAMES[0]}
     cache = tmp_path / "cache"
-    status, out, err = run(cache, "--index-url", index.url, "--release", f"{PROJECT}==1.4.0",
-                           "--fetch-only")
-    assert status == 1 and out == ""
-    assert err.splitlines()[-1].startswith(f"drift: error: {NAMES[0]}: sha256 ")
-    assert "is not the index's" in err and "Traceback" not in err
+    status, out, err = run(cache, "--index-url", package_index.url,
+                           "--release", f"{PROJECT}==1.4.0", "--fetch-only")
+    assert status == 2 and out == ""
+    assert f"\ndrift: error: {NAMES[0]}: sha256 " in err and "is not the index's" in err
+    assert err.splitlines()[-1].startswith("hint: try again")
+    assert "Traceback" not in err
     assert list(cache.iterdir()) == []  # no partial file, nothing a later run would trust
 
 
-def test_a_release_the_index_does_not_have_is_a_clear_error(index: Index, tmp_path: Path) -> None:
-    status, out, err = run(tmp_path / "cache", "--index-url", index.url,
+def test_a_release_the_index_does_not_have_is_a_clear_error(
+    package_index: Index, tmp_path: Path
+) -> None:
+    status, out, err = run(tmp_path / "cache", "--index-url", package_index.url,
                            "--release", f"{PROJECT}==9.9", "--fetch-only")
-    assert status == 1 and out == ""
-    assert err.strip() == f"drift: error: {index.url} lists no wheel or sdist of {PROJECT}==9.9"
+    assert status == 2 and out == ""
+    assert err.splitlines() == [
+        f"drift: error: {package_index.url} lists no wheel or sdist of {PROJECT}==9.9",
+        "hint: check the name and version (a yanked file is never taken)"]
     status, out, err = run(tmp_path / "cache", "--release", "not a spec", "--fetch-only")
-    assert status == 1
-    assert "must look like NAME==VERSION" in err and "Traceback" not in err
+    assert status == 2
+    assert "drift: error: 'not a spec' is not a release" in err and "Traceback" not in err
 
 
-def test_a_reader_that_goes_away_ends_the_run_quietly(index: Index, tmp_path: Path) -> None:
+def test_drift_runs_from_a_checkout_on_an_interpreter_without_packaging(
+    package_index: Index, tmp_path: Path
+) -> None:
+    """A fresh machine: Python and pip only. drift installs packaging into its cache, once."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True, env=clean_env())
+    python = str(bare / "bin" / "python")
+    assert subprocess.run([python, "-c", "import packaging"], env=clean_env(),
+                          capture_output=True).returncode != 0
+    cache = tmp_path / "cache"
+    status, out, err = run(cache, "--index-url", package_index.url,
+                           "--release", f"{PROJECT}==1.4.0", python=python)
+    assert status == 0, err
+    assert header(out) == ["patch", PROJECT, "1.4.0"]
+    assert "installing 'packaging'" in err
+    assert (cache / ".drift-lib" / "packaging").is_dir()
+    status, out, err = run(cache, "--release", f"{PROJECT}==1.4.0", "--fetch-only",
+                           python=python)
+    assert (status, out) == (0, f"{cache / NAMES[0]}\n"), err
+    assert "installing" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly(package_index: Index, tmp_path: Path) -> None:
     """`drift.py --json | head`: the reader closes the pipe before the first line is written."""
     cache = tmp_path / "cache"
-    assert run(cache, "--index-url", index.url, "--release", f"{PROJECT}==1.4.0",
+    assert run(cache, "--index-url", package_index.url, "--release", f"{PROJECT}==1.4.0",
                "--fetch-only")[0] == 0
     proc = drift(cache, "--release", f"{PROJECT}==1.4.0", "--json")
     assert proc.stdout is not None

@@ -120,6 +120,8 @@ def test_finder_installed_exactly_once_when_enabled(wheel_venv: Venv, tmp_path: 
 
 
 def test_nothing_imported_without_env(wheel_venv: Venv) -> None:
+    first = wheel_venv.run("pass")  # finds no patch on by default and writes the stamp
+    assert first.returncode == 0 and first.stderr == "", first.stderr
     proc = wheel_venv.run("import sys; print('importpatch' in sys.modules)")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False", (proc.stdout, proc.stderr)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import shutil
 import subprocess
@@ -72,10 +73,16 @@ def test_property_difflib_diffs_of_random_edits_apply_exactly(
     ))
     (fp,) = parse(diff).files
     assert fp.module == "pkg.m"
+    if context == 0:  # a -U0 diff is refused unless accepted (Unidiff-Zero: yes)
+        fp = dataclasses.replace(fp, unidiff_zero=True)
     assert apply(old, fp) == new
     # Unrelated lines added above move every hunk; within the offset bound it still applies, as
-    # long as each hunk has lines to anchor it and they occur once (else "nearest" may differ).
-    if all(h.old_len for h in fp.hunks) and len(set(old_lines)) == len(old_lines):
+    # long as each hunk has lines to find it by, they occur once (else "nearest" may differ) and
+    # it is not bound to the start or end of the file (old side from line 1, no trailing context).
+    searched = all(
+        h.old_len and (context == 0 or (h.old_start > 1 and h.trailing)) for h in fp.hunks
+    )
+    if searched and len(set(old_lines)) == len(old_lines):
         prefix = "".join(f"# unrelated {i}{eol}" for i in range(shift))
         assert apply(prefix + old, fp) == prefix + new
 
@@ -114,6 +121,8 @@ def test_property_git_diffs_of_random_edits_apply_exactly(
         cwd=git_repo, check=True, capture_output=True,
     ).stdout.decode()
     (fp,) = parse(diff).files
+    if context == 0:  # a -U0 diff is refused unless accepted (Unidiff-Zero: yes)
+        fp = dataclasses.replace(fp, unidiff_zero=True)
     if "\n" not in old:  # documented: a source without line endings gives new lines LF
         new = new.replace("\r\n", "\n")
     assert apply(old, fp) == new

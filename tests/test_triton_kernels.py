@@ -15,7 +15,6 @@ Two Triton modes are used, each for what it can show:
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -24,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, missing
 
 pytestmark = [
     pytest.mark.triton,
     pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None,
+        missing("triton"),
         reason="triton is not importable here (these tests run in `tox -e vllm`)",
     ),
 ]

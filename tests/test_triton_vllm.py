@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, missing
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.triton,
     pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None or importlib.util.find_spec("triton") is None,
+        missing("vllm", "triton"),
         reason="vllm and triton are not both importable here (these tests run in `tox -e vllm`)",
     ),
 ]

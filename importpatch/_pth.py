@@ -1,0 +1,67 @@
+"""The start-up check that ``importpatch.pth`` runs in every Python process, in compiled form.
+
+Why a module: ``site`` compiles every import line of a ``.pth`` file each time it processes it,
+and a venv processes its site folder twice; compiling is most of what a ``.pth`` line costs (an
+instruction count of ``python -c pass``: 400k instructions for the check written inline, against
+60k for ``import os``). So the line only loads this module's compiled code (the ``.pyc`` pip
+writes at install), executes it in site's namespace, and this code makes the second pass skip the
+file. Without a ``.pyc`` (``pip install --no-compile``, uv) the line imports this module instead,
+which writes the ``.pyc`` where it can.
+
+What it checks, in order (the common case ends at the stamp: nothing imported):
+0. ``IMPORTPATCH_OFF`` set to an "on" value: nothing at all (the kill switch loads nothing);
+1. no environment variable whose name contains ``IMPORTPATCH_`` (``IMPORTPATCH_*`` and
+   ``VLLM_IMPORTPATCH_*``) or is ``VLLM_CUSTOM_PATCHES``: one C-level join of the names and two
+   searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
+   cost a start-up more than the floor);
+2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime of the site folder>-<length of
+   sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
+   leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
+Otherwise it calls ``importpatch._boot.start``. Nothing here raises (site would print it at
+every start): a failure of the hook is swallowed and the hook reports its own problems.
+"""
+
+import os
+import sys
+
+
+def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
+    # Executed from the .pyc, this function's globals are site's: it names no global of its own
+    # module (site has os and sys), and it never raises.
+    try:
+        add = site.get("addpackage")
+        if add is not None and getattr(add, "__name__", "") != "_addpackage_once":
+            # site processes a venv's site folder twice (venv() and main() both add it): the
+            # second pass skips this file only; every other .pth file goes through as before.
+            def _addpackage_once(
+                sitedir: str, pth: str, known_paths: object, _add: object = add,
+                _ours: str = name,
+            ) -> object:
+                if pth == _ours:
+                    return None
+                return _add(sitedir, pth, known_paths)  # type: ignore[operator]
+
+            site["addpackage"] = _addpackage_once
+        environ = os.environ
+        off = environ.get("IMPORTPATCH_OFF")  # the kill switch loads nothing (config.get's rule)
+        if off is None:
+            off = environ.get("VLLM_IMPORTPATCH_OFF")
+        if off is not None and off.strip().lower() in ("1", "true", "yes", "on"):
+            return
+        data = getattr(environ, "_data", None)  # POSIX: the bytes names, joined in C
+        names = b" ".join(data) if data and isinstance(next(iter(data)), bytes) else (
+            " ".join(environ).encode("utf-8", "surrogateescape"))
+        if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
+            cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+            stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
+            if os.path.exists(stamp):
+                return
+        import importpatch._boot
+
+        importpatch._boot.start(sitedir)
+    except Exception:
+        pass
+
+
+if __name__ != "importpatch._pth":  # executed by the .pth line: site's globals, its locals
+    _pth(locals()["sitedir"], locals()["name"], globals())

@@ -1,0 +1,106 @@
+"""Source diffs at the import of their target, by the real import hook in a child of the wheel
+venv: every failing hunk named, "already applied" for a change that is upstream (on_error="fail"
+fails with it, "warn" skips with it), the Max-Offset and Unidiff-Zero headers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import Venv
+from coreutil import EVENTS, Lab
+
+from importpatch.diffs import make_diff
+
+
+@pytest.fixture
+def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
+    return Lab(wheel_venv, tmp_path)
+
+
+def module(n: int, changed: frozenset[int] = frozenset()) -> str:
+    """``n`` small functions; those in ``changed`` return something else."""
+    return "".join(
+        f"def f{i}():\n    return {i * 10 if i in changed else i}\n\n\n" for i in range(n)
+    )
+
+
+OLD, NEW = module(12), module(12, frozenset({1, 5, 9}))  # hunks at lines 3, 19 and 35
+TARGET = {"dpkg/__init__.py": '__version__ = "2.0"\n'}
+IMPORT = f"""
+    import json, importpatch.events
+    try:
+        import dpkg.m as m
+        result = [m.f1(), m.f5(), m.f9()]
+    except ImportError as exc:
+        result = [type(exc).__name__, str(exc)]
+    print(json.dumps([result, {EVENTS}]))
+    """
+
+
+def diff_file(header: str, old: str = OLD, new: str = NEW) -> str:
+    return header + "\n\n" + make_diff(old, new, "dpkg/m.py")
+
+
+def test_import_error_names_every_failing_hunk(lab: Lab) -> None:
+    upstream = OLD.replace("def f1():", "def f1():  # moved").replace(
+        "def f9():", "def f9():  # moved")
+    lab.target({**TARGET, "dpkg/m.py": upstream}).patch({"three.diff": diff_file("Name: three")})
+    (error_type, message), _ = lab.json(IMPORT, enable="three")
+    assert error_type == "PatchError"
+    assert "patch 'three' cannot apply to dpkg.m" in message and "dpkg 2.0" in message
+    assert "dpkg/m.py: 2 of 3 hunks do not apply: hunk #1 " in message
+    assert "; hunk #3 '@@ " in message and "hunk #2 " not in message
+    assert "expected 'def f9():' but found 'def f9():  # moved'" in message
+
+
+@pytest.mark.parametrize("on_error", ["fail", "warn"])
+def test_a_change_already_upstream_is_named_so_warn_skips_fail_fails(
+    lab: Lab, on_error: str
+) -> None:
+    lab.target({**TARGET, "dpkg/m.py": NEW}).patch(
+        {"up.diff": diff_file(f"Name: up\nOn-Error: {on_error}")})
+    result, events = lab.json(IMPORT, enable="up")
+    words = ("already applied in this version (dpkg 2.0) — remove the patch or bound its "
+             "Requires")
+    if on_error == "fail":
+        assert result[0] == "PatchError" and words in result[1], result
+    else:  # imported as it is (which already has the change), the patch skipped with the reason
+        assert result == [10, 50, 90]
+        assert ["failed", "up", "dpkg.m", "skipped (on_error=warn)"] in events
+        proc = lab.ok("import dpkg.m", enable="up", env={"IMPORTPATCH_LOG": "1"})
+        assert words in proc.stderr
+
+
+def test_partly_upstream_says_which_hunks(lab: Lab) -> None:
+    source = OLD.replace("return 1\n", "return 10\n")  # hunk 1 is upstream, the others not
+    lab.target({**TARGET, "dpkg/m.py": source.replace("def f9():", "def f9(x=0):")})
+    lab.patch({"partly.diff": diff_file("Name: partly")})
+    (error_type, message), _ = lab.json(IMPORT, enable="partly")
+    assert error_type == "PatchError"
+    assert "hunk #1 '@@ -3,7 +3,7 @@' is already applied: its new side is at line 3" in message
+    assert ("hunk(s) #1 already applied in this version (dpkg 2.0) and the others not: the "
+            "change is partly upstream") in message
+
+
+def test_max_offset_header_lets_a_far_hunk_apply(lab: Lab) -> None:
+    prefix = "".join(f"X{i} = {i}\n" for i in range(250))
+    lab.target({**TARGET, "dpkg/m.py": prefix + OLD})
+    lab.patch({"far.diff": diff_file("Name: far"),
+               "near.diff": diff_file("Name: near\nMax-Offset: 250")})
+    (error_type, message), _ = lab.json(IMPORT, enable="far")
+    assert error_type == "PatchError" and "'Max-Offset: 250' in the diff's header" in message
+    result, _ = lab.json(IMPORT, enable="near")
+    assert result == [10, 50, 90]
+
+
+def test_zero_context_diff_fails_at_declaration_unless_accepted(lab: Lab) -> None:
+    u0 = "--- a/dpkg/m.py\n+++ b/dpkg/m.py\n@@ -6 +6 @@\n-    return 1\n+    return 10\n"
+    lab.target({**TARGET, "dpkg/m.py": OLD})
+    lab.patch({"u0.diff": f"Name: u0\n\n{u0}",
+               "u0ok.diff": f"Name: u0ok\nUnidiff-Zero: yes\n\n{u0}"})
+    (error_type, message), _ = lab.json(IMPORT, enable="u0")
+    assert error_type == "PatchError"
+    assert "git diff -U0" in message and "'Unidiff-Zero: yes'" in message
+    result, _ = lab.json(IMPORT, enable="u0ok")
+    assert result == [10, 5, 9]

@@ -1,0 +1,469 @@
+"""Interpreter start never breaks and never goes stale; discovery never lets a target load
+unpatched; the cache is the user's alone (issue 10). Real venvs with the built wheel, real pip,
+child processes; every test here failed on the code before this work."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Venv, clean_env, current_home
+from coreutil import Lab
+from ipc_helpers import cache_entries, counted_import, diff_patch, patch_env
+from test_cache import make_wheel
+
+TARGET = {"tpkg/__init__.py": "", "tpkg/mod.py": "def f():\n    return 'orig'\n\n\ndef g():\n"
+          "    return 'g'\n", "tpkg/other.py": "def f():\n    return 1\n\n\nX = 0\n"}
+READ = "import tpkg.mod; print(tpkg.mod.f())"
+
+
+@pytest.fixture
+def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
+    return Lab(wheel_venv, tmp_path).target(TARGET)
+
+
+def warnings_of(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("importpatch: warning")]
+
+
+# -- 1. nothing raised by patch code stops Python --------------------------------------------------
+
+RAISES = """\
+import pathlib
+with open({counter!r}, "a") as f:
+    f.write("ran\\n")
+from importpatch import Patch
+Patch("raises").replace("tpkg.mod:f", lambda: "patched")
+{statement}
+"""
+
+
+@pytest.mark.parametrize("statement", ["raise SystemExit(3)", "raise KeyboardInterrupt",
+                                       "raise GeneratorExit", "import sys; sys.exit('usage')"])
+def test_base_exception_in_a_patch_file_never_stops_python_and_runs_once(
+    lab: Lab, statement: str
+) -> None:
+    counter = lab.root / "executions"
+    lab.patch({"raises.py": RAISES.format(counter=str(counter), statement=statement)})
+    time.sleep(0.1)  # an index of files changed within the clock's tick is not written (racy)
+    for _ in range(2):  # the second process reads the index: the file is not executed again
+        proc = lab.ok("print('started')", enable=None)
+        assert proc.stdout.strip() == "started"
+        assert "Traceback" not in proc.stderr and "Fatal" not in proc.stderr
+    assert counter.read_text().splitlines() == ["ran"]
+    assert "pip" in lab.ok(["-m", "pip", "--version"], enable=None).stdout
+    failed = lab.run(READ, enable="raises")  # enabled by its declared name: fails closed
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("importpatch.errors.PatchError: importpatch: patch 'raises'"), last
+    assert len([w for w in warnings_of(failed.stderr) if "raises" in w]) == 1
+
+
+EXITING_PACKAGE = """\
+import argparse
+argparse.ArgumentParser(prog="acme").parse_args(["--no-such-option"])  # SystemExit(2)
+"""
+
+
+def test_patch_package_that_exits_at_import_never_stops_python_pip_or_its_uninstall(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    wheel = make_wheel(tmp_path, "acme-patches", {"acme_patches.py": EXITING_PACKAGE},
+                       "[importpatch.patches]\nacme = acme_patches\n")
+    venv = venv_factory(str(built_wheel), str(wheel), name="exiting-package")
+    for _ in range(2):  # no variable at all: the default-on check runs discovery, then the index
+        proc = venv.run("print('started')")
+        assert proc.returncode == 0 and proc.stdout.strip() == "started", proc.stderr
+        (warning,) = warnings_of(proc.stderr)
+        assert "acme_patches" in warning and "SystemExit: 2" in warning
+    assert venv.run(["-m", "pip", "--version"]).returncode == 0
+    uninstall = venv.run(["-m", "pip", "uninstall", "-y", "acme-patches"])
+    assert uninstall.returncode == 0, uninstall.stderr
+    after = venv.run("print('started')")
+    assert after.returncode == 0 and after.stderr == "", after.stderr
+
+
+# -- 2. only regular files are read ----------------------------------------------------------------
+
+
+def test_fifo_socket_and_folder_named_like_patches_are_reported_never_read(lab: Lab) -> None:
+    os.mkfifo(lab.patches / "fifo.py")
+    os.mkfifo(lab.patches / "fifo.diff")
+    (lab.patches / "folder.py").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(lab.patches / "sock.patch"))
+    elsewhere = lab.root / "real.py"
+    elsewhere.write_text('from importpatch import Patch\nPatch("linked").replace("tpkg.mod:f", '
+                         'lambda: "patched")\n')
+    (lab.patches / "linked.py").symlink_to(elsewhere)  # a symlink to a regular file is fine
+    try:
+        proc = lab.run(READ, enable="linked", timeout=60)
+    finally:
+        sock.close()
+    assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    text = "\n".join(warnings_of(proc.stderr))
+    for what in ("fifo.py is a FIFO", "fifo.diff is a FIFO", "folder.py is a folder",
+                 "sock.patch is a socket"):
+        assert what in text, proc.stderr
+
+
+# -- 3. no home folder -----------------------------------------------------------------------------
+
+
+def test_no_home_and_no_password_entry_runs_without_cache_never_under_the_working_folder(
+    lab: Lab, tmp_path: Path
+) -> None:
+    diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    base = ["env", "-i", f"PATH={os.environ['PATH']}", f"PYTHONPATH={lab.targets}"]
+    # uid 54321 has no entry in the password database: expanduser("~") stays "~"
+    as_stranger = ["unshare", "--user", "--map-user=54321", str(lab.venv.python), "-c"]
+    code = "import os, tpkg.other; print(os.getuid(), tpkg.other.f())"
+    plain = subprocess.run([*base, *as_stranger, "pass"], cwd=work, capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    patched = subprocess.run(
+        [*base, f"IMPORTPATCH_PATH={lab.patches}", "IMPORTPATCH_ENABLE=bump", *as_stranger, code],
+        cwd=work, capture_output=True, text=True, timeout=60)
+    assert patched.returncode == 0 and patched.stdout.split() == ["54321", "2"], patched.stderr
+    no_cache = [w for w in warnings_of(patched.stderr) if "no cache folder" in w]
+    assert len(no_cache) == 1 and "HOME is not set" in no_cache[0], patched.stderr
+    assert list(work.iterdir()) == []  # no ./~/.cache/importpatch
+
+
+# -- 4. a declaration that imports a target --------------------------------------------------------
+
+OWN_TARGET = {
+    "direct": "import tpkg.mod\n",
+    "from": "from tpkg.mod import g\n",
+    "helper": "import helper\n",
+}
+IMPORTS_TARGET = """\
+{imports}from importpatch import Patch
+Patch("self-import").replace("tpkg.mod:f", lambda: "patched")
+"""
+
+
+@pytest.mark.parametrize("log", ["1", "0"])
+@pytest.mark.parametrize("how", list(OWN_TARGET))
+def test_patch_importing_its_own_target_fails_closed_alike_in_first_and_later_processes(
+    lab: Lab, how: str, log: str
+) -> None:
+    lab.target({"helper.py": "import tpkg.mod\n"})
+    lab.patch({"selfimport.py": IMPORTS_TARGET.format(imports=OWN_TARGET[how])})
+    results = []
+    for _ in range(2):  # cold index (patch file executed at start), then warm
+        proc = lab.run(READ, enable="self-import", env={"IMPORTPATCH_LOG": log})
+        results.append((proc.returncode, proc.stdout, proc.stderr.strip().splitlines()[-1]))
+    assert results[0] == results[1]
+    returncode, stdout, last = results[0]
+    assert returncode == 1 and stdout == "", last
+    assert last.startswith("importpatch.errors.PatchError: importpatch: patch 'self-import'")
+    assert "tpkg.mod" in last and "Move the import into the function that uses it" in last
+
+
+# -- 5. the default-on check is never stale --------------------------------------------------------
+
+PACKAGE = """\
+from importpatch import Patch
+
+Patch({name!r}, default={default}).replace({target!r}, lambda: "patched")
+"""
+
+
+def _package_files(name: str, module: str, default: bool) -> dict[str, str]:
+    return {f"{module}.py": PACKAGE.format(name=name, default=default, target=f"{module}_t:f"),
+            f"{module}_t.py": "def f():\n    return 'original'\n"}
+
+
+def test_in_place_and_editable_edits_to_default_on_are_seen_by_processes_list_and_doctor(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", False),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv = venv_factory(str(built_wheel), str(wheel), name="default-on-edits")
+    checkout = tmp_path / "beta-checkout"
+    (checkout / "src").mkdir(parents=True)
+    for rel, text in _package_files("beta", "beta", False).items():
+        (checkout / "src" / rel).write_text(text)
+    (checkout / "pyproject.toml").write_text(textwrap.dedent("""\
+        [build-system]
+        requires = ["hatchling"]
+        build-backend = "hatchling.build"
+        [project]
+        name = "beta-patches"
+        version = "1.0"
+        [project.entry-points."importpatch.patches"]
+        beta = "beta"
+        [tool.hatch.build.targets.wheel]
+        sources = ["src"]
+        only-include = ["src/beta.py", "src/beta_t.py"]
+        """))
+    venv.pip("install", "-q", "--disable-pip-version-check", "-e", str(checkout))
+    read = "import acme_t, beta_t; print(acme_t.f(), beta_t.f())"
+
+    def agree(values: list[str], on: list[str]) -> None:
+        proc = venv.run(read)  # a real process first, then `list` and `doctor`
+        assert proc.returncode == 0 and proc.stdout.split() == values, proc.stderr
+        listed = json.loads(venv.run(["-m", "importpatch", "list", "--json"]).stdout)
+        assert sorted(p["name"] for p in listed["patches"] if p["enabled"]) == on
+        doctor = json.loads(venv.run(["-m", "importpatch", "doctor", "--json"]).stdout)
+        assert doctor["default_on"] == on
+
+    agree(["original", "original"], [])
+    acme = venv.site_packages / "acme.py"
+    acme.write_text(acme.read_text().replace("default=False", "default=True "))  # same size
+    agree(["patched", "original"], ["acme"])
+    beta = checkout / "src" / "beta.py"
+    beta.write_text(beta.read_text().replace("default=False", "default=True "))
+    agree(["patched", "patched"], ["acme", "beta"])
+
+
+def test_patch_package_installed_in_the_user_site_later_is_seen(
+    built_wheel: Path, tmp_path: Path
+) -> None:
+    import sys
+
+    path = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(path)],
+                   check=True, env=clean_env(), timeout=300)
+    venv = Venv(path=path, python=path / "bin" / "python",
+                site_packages=next(path.glob("lib/python3*/site-packages")))
+    venv.pip("install", "-q", "--disable-pip-version-check", str(built_wheel))
+    read = "import acme_t; print(acme_t.f())"
+    assert venv.run("pass").returncode == 0  # discovery ran; the user site does not exist yet
+    assert venv.run("import sys; print(any('.local' in p for p in sys.path))").stdout.strip() == \
+        "False"
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv.pip("install", "-q", "--disable-pip-version-check", "--user", str(wheel))
+    assert (current_home() / ".local").is_dir()
+    proc = venv.run(read)
+    assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
+# -- 6. a broken patch is known by the name it declares -------------------------------------------
+
+BROKEN_BODY_DIFF = """\
+Name: named-diff
+Summary: the header is fine, the body is not
+
+--- a/tpkg/mod.py
++++ b/tpkg/mod.py
+@@ -1,2 +1,2 @@ this hunk says 2 lines but has one
+-    return 'orig'
+"""
+MADE_THEN_RAISED = """\
+from importpatch import Patch
+p = Patch("made-then-raised")
+p.replace("tpkg.mod:f", lambda: "patched")
+raise ValueError("after the declaration")
+"""
+
+
+@pytest.mark.parametrize("name", ["named-diff", "made-then-raised"])
+def test_broken_patch_enabled_by_its_declared_name_fails_closed(lab: Lab, name: str) -> None:
+    lab.patch({"broken.diff": BROKEN_BODY_DIFF, "raising.py": MADE_THEN_RAISED})
+    proc = lab.run(READ, enable=name)
+    assert proc.returncode == 1, proc.stdout
+    assert "unknown patch name" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"importpatch.errors.PatchError: importpatch: patch '{name}'"), last
+
+
+# -- 7, 8. every variable has one meaning ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("var", ["IMPORTPATCH_OFF", "IMPORTPATCH_LOG", "IMPORTPATCH_NO_CACHE",
+                                 "VLLM_IMPORTPATCH_OFF"])
+def test_unrecognised_switch_value_warns_once_naming_the_variable(lab: Lab, var: str) -> None:
+    diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
+    proc = lab.ok("import tpkg.other; print(tpkg.other.f())", enable="bump",
+                  env={var: "maybe?"})
+    (warning,) = [w for w in warnings_of(proc.stderr) if var in w]
+    assert f"{var}='maybe?' is not a switch value" in warning and "accepted: 1, true" in warning
+    off = var.endswith("_OFF")
+    assert proc.stdout.strip() == ("1" if off else "2")  # garbage in OFF: off, and it says so
+    assert ("everything is off" in warning) == off
+    if var == "IMPORTPATCH_LOG":
+        assert "importpatch: applied" not in proc.stderr
+    if var == "IMPORTPATCH_NO_CACHE":
+        assert cache_entries(lab.cache)
+
+
+def test_one_precedence_rule_for_both_spellings_in_start_up_plugin_and_doctor(lab: Lab) -> None:
+    diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
+    env = {"IMPORTPATCH_OFF": "", "VLLM_IMPORTPATCH_OFF": "1"}
+    code = """
+        import json, importpatch, importpatch.config as c, importpatch.finder as f, tpkg.other
+        print(json.dumps([tpkg.other.f(), c.read().off, f.installed() is not None]))
+        """
+    assert lab.json(code, enable="bump", env=env) == [2, False, True]
+    doctor = json.loads(lab.ok(["-m", "importpatch", "doctor", "--json"], enable="bump",
+                               env=env).stdout)
+    assert doctor["finder"]["active"] is True
+    assert any("IMPORTPATCH_OFF wins" in w for w in doctor["warnings"])
+
+
+# -- 9-12. a cache only you can write, verified, bounded ------------------------------------------
+
+
+def test_cache_folders_are_private_and_a_folder_others_can_write_is_not_trusted(
+    wheel_venv: Venv, tmp_path: Path, target_pkg: Callable[..., Path]
+) -> None:
+    target = target_pkg(TARGET)
+    patches, cache = tmp_path / "patches", tmp_path / "cache"
+    diff_patch(patches, "bump", "tpkg.other", "1", "2")
+    env = patch_env(patches, cache, "bump")
+    assert counted_import(wheel_venv, ["tpkg.other"], env, target)["compiles"] == ["tpkg.other"]
+    folders = [p for p in cache.rglob("*") if p.is_dir()]
+    assert folders and all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in folders), folders
+    (entry,) = cache_entries(cache)
+    entry.parent.chmod(0o777)  # a restored tarball, a chmod -R: someone may have planted it
+    out = counted_import(wheel_venv, ["tpkg.other"], env, target)
+    assert out["compiles"] == ["tpkg.other"] and out["values"] == {"tpkg.other": 2}
+    assert "writable by others" in out["stderr"] and "entries under it are ignored" in out["stderr"]
+
+
+def test_published_patched_text_is_verified_by_content(
+    wheel_venv: Venv, tmp_path: Path, target_pkg: Callable[..., Path]
+) -> None:
+    target = target_pkg(TARGET)
+    patches, cache = tmp_path / "patches", tmp_path / "cache"
+    diff_patch(patches, "bump", "tpkg.other", "1", "2")
+    env = patch_env(patches, cache, "bump")
+    counted_import(wheel_venv, ["tpkg.other"], env, target)
+    (published,) = cache.glob("src/*/other.py")
+    good = published.read_bytes()
+    published.write_bytes(good.replace(b"return 2", b"return 9"))  # same size
+    assert counted_import(wheel_venv, ["tpkg.other"], env, target)["compiles"] == []
+    assert published.read_bytes() == good
+
+
+def test_a_change_to_the_code_that_compiles_patches_is_a_new_cache_key(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path,
+    target_pkg: Callable[..., Path],
+) -> None:
+    venv = venv_factory(str(built_wheel), name="producers-edit")
+    target = target_pkg(TARGET)
+    patches, cache = tmp_path / "patches", tmp_path / "cache"
+    diff_patch(patches, "bump", "tpkg.other", "1", "2")
+    env = patch_env(patches, cache, "bump")
+    assert counted_import(venv, ["tpkg.other"], env, target)["compiles"] == ["tpkg.other"]
+    assert counted_import(venv, ["tpkg.other"], env, target)["compiles"] == []
+    transforms = venv.site_packages / "importpatch" / "transforms.py"
+    transforms.write_text(transforms.read_text() + "\n# an upgrade of the rewriter\n")
+    assert counted_import(venv, ["tpkg.other"], env, target)["compiles"] == ["tpkg.other"]
+
+
+def test_cache_command_shows_prunes_and_doctor_reports_the_size(lab: Lab) -> None:
+    diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
+    lab.ok("import tpkg.other", enable="bump")
+    shown = json.loads(lab.ok(["-m", "importpatch", "cache", "--json"]).stdout)
+    assert len(cache_entries(lab.cache)) == 1
+    assert shown["areas"]["code"]["files"] >= 1 and shown["bytes"] > 0
+    doctor = json.loads(lab.ok(["-m", "importpatch", "doctor", "--json"]).stdout)
+    assert doctor["cache"]["bytes"] == shown["bytes"]
+    pruned = json.loads(lab.ok(["-m", "importpatch", "cache", "prune", "--max-size", "0",
+                                "--json"]).stdout)
+    assert cache_entries(lab.cache) == [] and pruned["removed"]["files"] >= 1
+    cleared = json.loads(lab.ok(["-m", "importpatch", "cache", "clear", "--json"]).stdout)
+    assert cleared["files"] == 0
+
+
+def test_why_a_cache_entry_was_not_used_is_a_debug_event(lab: Lab) -> None:
+    diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
+    lab.ok("import tpkg.other", enable="bump")
+    (entry,) = cache_entries(lab.cache)
+    data = entry.read_bytes()
+    entry.write_bytes(data[:-3] + bytes([data[-3] ^ 0xFF]) + data[-2:])
+    events = lab.json("""
+        import json, importpatch.events as ev, tpkg.other
+        print(json.dumps([[e["how"], e["target"], e["detail"]] for e in ev.events()]))
+        """, enable="bump")
+    cache = [e for e in events if e[0] == "cache"]
+    assert len(cache) == 1 and cache[0][1] == "tpkg.other" and "bad CRC" in cache[0][2], events
+
+
+def test_python_dash_B_still_uses_and_writes_the_cache(lab: Lab) -> None:
+    # Decision (README): -B / PYTHONDONTWRITEBYTECODE are about .pyc files next to the sources,
+    # which importpatch never writes; its own cache is used under them (IMPORTPATCH_NO_CACHE
+    # turns it off).
+    diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
+    lab.ok("import tpkg.other", enable="bump", flags=["-B"])
+    assert len(cache_entries(lab.cache)) == 1
+
+
+
+# -- start-up cost: the .pth line runs compiled code, once per process --------------------------
+
+
+def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
+    venv_factory: Callable[..., Venv], built_wheel: Path
+) -> None:
+    venv = venv_factory("--no-compile", str(built_wheel), name="no-compile")  # as uv installs
+    pycache = venv.site_packages / "importpatch" / "__pycache__"
+    assert not list(pycache.glob("_pth.*.pyc"))
+    (venv.site_packages / "zzz_count.pth").write_text(
+        "import sys; sys.__dict__.setdefault('zzz_runs', []).append(1)\n")
+    code = ("import sys; print(len(sys.zzz_runs), sorted(m for m in sys.modules "
+            "if m.startswith('importpatch')))")
+    first = venv.run(code)  # no .pyc: the line imports importpatch._pth (which writes it)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    runs = first.stdout.split()[0]
+    assert runs == "2"  # a venv processes its site folder twice: other .pth files still run twice
+    assert list(pycache.glob("_pth.*.pyc"))
+    again = venv.run(code)  # compiled code, stamp present: nothing of the package is imported
+    assert again.returncode == 0 and again.stdout.split() == ["2", "[]"], again.stderr
+    # Names that merely contain "PATCH" are not ours: still nothing of the package is imported.
+    lookalike = venv.run(code, env={"TORCH_DISPATCH_MODE": "1", "MY_PATCHES": "a"})
+    assert lookalike.returncode == 0 and lookalike.stdout.split() == ["2", "[]"], lookalike.stderr
+    doctor = json.loads(venv.run(["-m", "importpatch", "doctor", "--json"]).stdout)
+    assert doctor["pth_ran"] is True  # the line ran, and found nothing to do
+    hooked = venv.run("import sys, importpatch._boot as b; print(len(sys.zzz_runs), b._started)",
+                      env={"IMPORTPATCH_LOG": "1"})
+    assert hooked.stdout.split() == ["2", "True"], hooked.stderr
+
+
+SLOW_DECLARATION = """\
+import os, time
+with open({counter!r}, "a") as f:
+    f.write("ran\\n")
+if os.environ.get("SLOW_DECLARATION"):
+    open({ready!r}, "w").close()
+    time.sleep(60)
+from importpatch import Patch
+Patch("slow").replace("tpkg.mod:f", lambda: "patched")
+"""
+
+
+def test_real_ctrl_c_during_discovery_stops_python_and_writes_nothing(lab: Lab) -> None:
+    # Decision (README): a KeyboardInterrupt *raised* by patch code is a broken declaration; a
+    # real Ctrl-C (SIGINT) while patch code runs stops the process as it would without
+    # importpatch, and the index is not written, so the next process runs discovery again.
+    import signal
+
+    counter, ready = lab.root / "executions", lab.root / "ready"
+    lab.patch({"slow.py": SLOW_DECLARATION.format(counter=str(counter), ready=str(ready))})
+    env = clean_env({**lab.env("slow"), "SLOW_DECLARATION": "1"})
+    child = subprocess.Popen([str(lab.venv.python), "-c", READ], env=env, cwd=lab.root,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert not list(lab.cache.glob("catalog/*.marshal"))
+    proc = lab.ok(READ, enable="slow")
+    assert proc.stdout.strip() == "patched"
+    assert counter.read_text().splitlines() == ["ran", "ran", "ran"]  # scan again, then at import
