@@ -49,6 +49,12 @@ def start(sitedir: str | None = None) -> None:
     try:
         from . import config
 
+        if config.DISCOVERING in os.environ:
+            # Started by patch code while another process ran its declarations in discovery:
+            # discovering here too would start the next one, without end. Stay unpatched.
+            _fail(RuntimeError(f"started by patch code while process "
+                               f"{os.environ[config.DISCOVERING]} ran declarations"))
+            return
         toggles = config.read()
         _warn_problems(toggles.problems)
         if toggles.off:
@@ -145,33 +151,63 @@ def activate(
             events.warn_once("cache-root", problem + "; running without a cache")
     index = catalog.load_index(toggles)
     entries = (index.entries or []) + api_entries()
-    chosen = [e for e in entries if toggles.decide(e.name, bool(e.default))[0]]
-    known = {e.name for e in entries}
-    unknown = sorted(toggles.enable - known)
-    if unknown:
-        events.warn_once(
-            "unknown:" + ",".join(unknown),
-            f"unknown patch name(s) {', '.join(unknown)} in {config.ENABLE}; "
-            f"known: {', '.join(sorted(known)) or '(none)'}",
-        )
-    for e in entries:
-        # Enabled and broken, or broken before it said what it declares (it may hold a patch on
-        # by default): say so once per process.
-        if e.error and (e in chosen or (e.unsure and not toggles.off)):
-            events.warn_once(
-                f"broken:{e.source}", f"patch {e.name} ({e.source}) is broken: {e.error}"
-            )
+    chosen = [e for e in entries if toggles.decide_entry(e)[0]]
+    problems = _choice_problems(toggles, entries, chosen)
+    for key, message in problems:
+        events.warn_once(key, message)
+    if toggles.strict and (problems or toggles.choice_problems):
+        _stop(toggles, entries, [m for _, m in problems], late=late)
+    elif "importpatch.strict" in sys.modules:
+        sys.modules["importpatch.strict"].uninstall()  # a later enable() fixed the problem
     if not chosen:
         finder.uninstall()
         if start and not toggles.anything_requested:
             _write_stamp(index, entries)
         return None
     installed = finder.install(chosen)
+    names = sorted({e.name for e in chosen})
+    events.process_started("late" if late else "start",
+                           f"{len(names)} patch(es) on: {', '.join(names)}")
     if late:
         from .late import apply_to_imported
 
         apply_to_imported(installed)
     return installed
+
+
+def _choice_problems(
+    toggles: Any, entries: list[Entry], chosen: list[Entry]
+) -> list[tuple[str, str]]:
+    """(once-key, message) of each problem with the chosen patches: the warnings every process
+    prints, and what strict mode stops on."""
+    from . import config
+
+    out = []
+    known = {e.name for e in entries}
+    unknown = sorted(toggles.enable - known)
+    if unknown:
+        out.append((
+            "unknown:" + ",".join(unknown),
+            f"unknown patch name(s) {', '.join(unknown)} in {config.ENABLE}; "
+            f"known: {', '.join(sorted(known)) or '(none)'}",
+        ))
+    for e in entries:
+        # Enabled and broken, or broken before it said what it declares (it may hold a patch on
+        # by default).
+        if e.error and (e in chosen or e.unsure):
+            out.append((f"broken:{e.source}", f"patch {e.name} ({e.source}) is broken: {e.error}"))
+    return out
+
+
+def _stop(toggles: Any, entries: list[Entry], problems: list[str], *, late: bool) -> None:
+    """Strict mode: stop at the first safe point (see importpatch/strict.py)."""
+    from . import strict
+
+    problems = [*toggles.choice_problems, *problems]
+    if late:
+        raise strict.StrictError(problems, "importpatch's late activation (importpatch.enable() "
+                                           "or vLLM's general-plugin hook)")
+    strict.install(strict.targeted_tops(entries), problems)
 
 
 # What the last activate() read (see toggles_key); vllm_plugin re-activates when it changed.
@@ -185,7 +221,8 @@ def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, .
 
     env = os.environ if environ is None else environ
     return tuple(config.get(env, v) for v in (config.ENABLE, config.DISABLE, config.OFF,
-                                               config.PATH)) + (env.get(config.CUSTOM_PATCHES),)
+                                               config.PATH, config.STRICT)) + (
+        env.get(config.CUSTOM_PATCHES),)
 
 
 def api_entries() -> list[Entry]:

@@ -13,8 +13,10 @@ Invariants:
   name, its file and the root (the code's file name is one of them). Patch *names*, toggles, log
   settings and replacement objects are not in it: they do not change the code (replacements are
   looked up when the module executes). A transform is keyed by the whole text of the file that
-  defines it, so a change to a helper *in another file* that it calls is not seen: change the
-  transform's file too (or set ``IMPORTPATCH_NO_CACHE=1`` while developing). A transform whose
+  defines it and, for a patch of a patch folder, by the content of every helper of that
+  folder (importpatch/folders.py); a change to code *elsewhere* that it calls (another package)
+  is not seen: change the transform's file too (or set ``IMPORTPATCH_NO_CACHE=1`` while
+  developing). A transform whose
   file cannot be read, or whose closure holds objects (not plain values), has no key (b""): it
   is compiled every time rather than risk a stale entry.
 - The hash is SipHash-1-3 (``_imp.source_hash``): the source bytes get one 64-bit hash, exactly
@@ -255,7 +257,11 @@ def op_fingerprint(op: Op) -> bytes | None:
     where = f"{code.co_filename}\0{code.co_firstlineno}\0{code.co_name}".encode(
         "utf-8", "surrogateescape"
     )
-    return _part(where) + _part(extra) + _part(file_text)
+    from .folders import folder_of, helpers_digest
+
+    folder = folder_of(op.patch.source)  # a patch file's transform may call its folder's helpers
+    helpers = helpers_digest(folder) if folder else b""
+    return _part(where) + _part(extra) + _part(file_text) + _part(helpers)
 
 
 def producers_hash() -> bytes:

@@ -8,15 +8,17 @@ Sources, in this order (a later patch with the same name is an error reported by
 3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
    makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``),
    looked up in the folders of ``sites.search_path()``.
-A folder holds ``*.py`` declaration files (names starting with ``_`` are skipped) and
-``*.diff`` / ``*.patch`` files with a metadata header.
+A folder holds ``*.py`` declaration files and ``*.diff`` / ``*.patch`` files with a metadata
+header; names starting with ``_`` are its helpers, which its files import relatively (the folder
+is a package: importpatch/folders.py).
 
 Finding targets means executing declarations (and scanning entry points costs 40-60 ms in a vLLM
 environment), so the result is kept in an index: ``<cache>/catalog/<id>.marshal``.
 
 Invariants:
 - The index is valid while the stat signature (mtime, ctime, size, inode) of everything that
-  decides its content is unchanged: each patch folder and declaration file, each folder of the
+  decides its content is unchanged: each patch folder, declaration file and helper (every file
+  and folder under a ``_name`` of a patch folder), each folder of the
   search path (a distribution installed or removed changes it), the user site folder even before
   it exists, and every file of a patch package's top-level package that its entry point imported
   (an in-place or editable edit changes it). An index whose inputs changed within the clock's
@@ -226,7 +228,7 @@ def load_index(toggles: config.Toggles) -> Index:
     for e in entries:
         if e.file:
             e._patch = None
-    chosen = {m for e in entries if e.error and toggles.decide(e.name, bool(e.default))[0]
+    chosen = {m for e in entries if e.error and toggles.decide_entry(e)[0]
               for group in e.modules for m in group}
     for name in list(imported_by):
         if name in chosen or any(name.startswith(m + ".") for m in chosen):
@@ -277,15 +279,28 @@ class _SigintWatch:
             _signal.signal(_signal.SIGINT, self.previous)
 
 
-def run_patch_code(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-    """``fn()``'s result, or what it raised; a real Ctrl-C raises ``KeyboardInterrupt`` on."""
-    with _SigintWatch():
-        try:
-            return fn(), None
-        except BaseException as exc:  # noqa: BLE001 (patch code: anything at all)
-            if isinstance(exc, KeyboardInterrupt) and _SigintWatch.hit:
-                raise
-            return None, exc
+# Set while `importpatch check` runs (importpatch/sideeffects.py): it is told what each
+# declaration ``source`` does. None everywhere else.
+watcher: Any = None
+
+
+def run_patch_code(fn: Callable[[], Any], source: str = "") -> tuple[Any, BaseException | None]:
+    """``fn()``'s result, or what it raised; a real Ctrl-C raises ``KeyboardInterrupt`` on.
+    ``source``: the declaration it runs (a file, or "entry point NAME = VALUE")."""
+    watch = watcher
+    if watch is not None:
+        watch.begin(source)
+    try:
+        with _SigintWatch():
+            try:
+                return fn(), None
+            except BaseException as exc:  # noqa: BLE001 (patch code: anything at all)
+                if isinstance(exc, KeyboardInterrupt) and _SigintWatch.hit:
+                    raise
+                return None, exc
+    finally:
+        if watch is not None:
+            watch.end(source)
 
 
 def describe(exc: BaseException) -> str:
@@ -337,6 +352,22 @@ def scan(
     """Execute every declaration (the slow path). Returns the entries, the paths whose stat
     signature the index must watch, the number of entry points, and which declaration imported
     each module that got imported while declarations ran."""
+    # A process that patch code starts while it is declared (a Python subprocess at module level)
+    # must not discover in turn, or each would start the next: see _boot.start.
+    outer = os.environ.get(config.DISCOVERING)
+    os.environ[config.DISCOVERING] = str(os.getpid())
+    try:
+        return _scan(folders, dirs, user_site)
+    finally:
+        if outer is None:
+            os.environ.pop(config.DISCOVERING, None)
+        else:
+            os.environ[config.DISCOVERING] = outer
+
+
+def _scan(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None
+) -> tuple[list[Entry], list[str], int, dict[str, str]]:
     entries: list[Entry] = []
     watched: list[str] = []
     imported_by: dict[str, str] = {}
@@ -346,6 +377,9 @@ def scan(
             names = sorted(os.listdir(folder))
         except OSError:
             continue
+        from .folders import helper_files
+
+        watched.extend(helper_files(folder))  # before the files run: what they may import
         for fname in names:
             if fname.startswith((".", "_")) or not fname.endswith((".py", ".diff", ".patch")):
                 continue
@@ -434,8 +468,13 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
                 return [], exc
     import importlib.util
 
-    stem = os.path.splitext(os.path.basename(file))[0]
-    modname = f"importpatch._declared.{stem}_{zlib.crc32(file.encode()):08x}"
+    from .folders import package
+
+    # A module of its folder's package, so that it imports the folder's helpers relatively; its
+    # name is no identifier, so that no import statement reaches it (patch files are not helpers).
+    folder = package(os.path.dirname(file))
+    stem = os.path.splitext(os.path.basename(file))[0].replace(".", "_")
+    modname = f"{folder.__name__}.patch:{stem}"
     spec = importlib.util.spec_from_file_location(modname, file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -447,7 +486,7 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
             exec(compile(raw, file, "exec", dont_inherit=True), module.__dict__)
 
         try:
-            failure = run_patch_code(run)[1]
+            failure = run_patch_code(run, file)[1]
         except BaseException:  # a real Ctrl-C
             sys.modules.pop(modname, None)
             raise
@@ -530,7 +569,7 @@ def _entry_point_entries(
         seen.add((ep.name, ep.value))
         source = f"entry point {ep.name} = {ep.value}"
         with _NewModules(source, imported_by) as new, collecting() as found:
-            _, exc = run_patch_code(ep.load)
+            _, exc = run_patch_code(ep.load, source)
         top = ep.module.partition(".")[0]
         for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
             if name == top or name.startswith(top + "."):
@@ -571,7 +610,7 @@ def _load_entry_point_module(entry: Entry) -> None:
 
     module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
     with collecting() as found:
-        mod, exc = run_patch_code(lambda: importlib.import_module(module))
+        mod, exc = run_patch_code(lambda: importlib.import_module(module), entry.source)
     if exc is not None:
         raise DeclarationFailed(exc, list(found))
     if not found:  # already imported elsewhere: pick up its Patch objects

@@ -475,6 +475,8 @@ class PatchResult:
     on_error: str | None = None  # "fail" or "warn"; None when the declaration does not load
     problems: list[str] = dataclasses.field(default_factory=list)
     ops: list[OpResult] = dataclasses.field(default_factory=list)
+    # what its declaration does besides declaring (importpatch/sideeffects.py); not a failure
+    warnings: list[str] = dataclasses.field(default_factory=list)
     base: str | None = None  # a diff patch's Base: header (the release it was made on)
     suggestion: str = ""  # what to run when a diff does not fit but its base is known
 
@@ -695,6 +697,16 @@ def run(
     source: Source | None = None,
 ) -> Report:
     """Check the named patches (all discovered ones when none are named) against ``against``."""
+    from .sideeffects import watching
+
+    with watching() as watcher:
+        return _run(names, against, environ, source, watcher)
+
+
+def _run(
+    names: Sequence[str], against: str | None, environ: dict[str, str] | None,
+    source: Source | None, watcher: Any,
+) -> Report:
     from . import _boot
 
     toggles = config.read(os.environ if environ is None else environ)
@@ -716,6 +728,7 @@ def run(
     patch_ops: dict[str, list[tuple[declare.Op, OpResult]]] = {}
     for entry in chosen:
         result, pairs = _check_entry(entry, toggles, names, checker, sources_of[entry.name])
+        result.warnings = watcher.warnings(entry.source, entry.file or _module_file(entry))
         results.append(result)
         patch_ops[entry.name] = pairs
     conflicts = _conflicts(results, patch_ops, src)
@@ -752,6 +765,13 @@ def chains_of(ops: Iterable[tuple[declare.Op, str]],
     return out
 
 
+def _module_file(entry: Any) -> str | None:
+    """The file of an entry point's module, when it is imported (read for its imports)."""
+    module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
+    file = getattr(sys.modules.get(module), "__file__", None) if module else None
+    return file if isinstance(file, str) else None
+
+
 def _check_entry(
     entry: Any,  # a catalog.Entry, whose fields mypy cannot see
     toggles: config.Toggles,
@@ -759,7 +779,7 @@ def _check_entry(
     checker: _Checker,
     sources: list[str],
 ) -> tuple[PatchResult, list[tuple[declare.Op, OpResult]]]:
-    enabled, why = toggles.decide(entry.name, bool(entry.default))
+    enabled, why = toggles.decide_entry(entry)
     result = PatchResult(
         entry.name, entry.origin, entry.source, enabled, why, entry.name in names,
         list(entry.requires or ()),

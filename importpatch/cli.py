@@ -36,7 +36,8 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
                       "requires": [str], "requirement_ok": bool, "requirement",
                       "status": "ok"|"fail"|"skip"|"absent"|"already-applied",
-                      "on_error": "fail"|"warn"|null, "problems": [str], "failing": bool,
+                      "on_error": "fail"|"warn"|null, "problems": [str], "warnings": [str],
+                      "failing": bool,
                       "ops": [{"kind", "target",
                                "status": "ok"|"fail"|"warn"|"absent"|"already-applied", "detail",
                                "module": str|null, "file": str|null,
@@ -164,7 +165,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     enabled_ops: list[tuple[Any, str]] = []
     for e in entries:
-        on, why = toggles.decide(e.name, bool(e.default))
+        on, why = toggles.decide_entry(e)
         req_ok, req = versions.check(e.requires or (), installed.version)
         ops = _object_ops(e)
         rows.append({
@@ -269,6 +270,7 @@ def check_lines(p: Any, style: Style) -> list[str]:
         req = "; ".join(p.requires)
         lines.append(f"    {'version':10}{verdict:5} {req}: {_reason(p.requirement, req)}")
     lines += [f"    {style.status('fail', 'problem')}   {problem}" for problem in p.problems]
+    lines += [f"    {style.status('warn', 'warning')}   {warning}" for warning in p.warnings]
     if p.status == "already-applied":
         then = ("skips it (on_error=warn)" if p.on_error == "warn"
                 else "fails the import of its target")
@@ -528,6 +530,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for proc in procs.values():
         seen: set[str] = set()
         for ev in proc["events"]:
+            if ev["outcome"] == STARTED:
+                continue
             tally = patches.setdefault(
                 ev["patch"],
                 {"applied": 0, "skipped": 0, "failed": 0, "rebound": 0, "processes": 0})
@@ -543,7 +547,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                    "patches": patches, "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
-    n_events = sum(len(p["events"]) for p in procs.values())
+    n_events = sum(ev["outcome"] != STARTED for p in procs.values() for ev in p["events"])
     lines = [f"{folder}: {len(procs)} process(es), {n_events} event(s)"]
     for root in roots:
         lines += _proc_lines(root, 0, style)
@@ -557,6 +561,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
     emit(lines)
     return 0
+
+
+STARTED = "started"  # the line a process writes where the hook is active (events.process_started)
 
 
 def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int]:
@@ -584,6 +591,8 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
             "events": [], "children": [], "chains": [],
         })
         proc["events"].append(event)
+        if fields["process"]:  # a multiprocessing child's first line may predate its name
+            proc["process"] = fields["process"]
     for proc in procs.values():
         proc["chains"] = event_chains(proc["events"])
     return procs, bad
@@ -659,7 +668,12 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
     argv = " ".join([os.path.basename(proc["argv"][0]), *proc["argv"][1:]]) if proc["argv"] else ""
     head += ": " + shorten(argv, max(WIDTH - len(head) - 2, 20))
     lines = [head]
+    started = [ev for ev in proc["events"] if ev["outcome"] == STARTED]
+    if len(started) == len(proc["events"]):
+        lines.append(f"{indent}  nothing applied here; hook active ({started[-1]['detail']})")
     for ev in proc["events"]:
+        if ev["outcome"] == STARTED:
+            continue
         outcome = style.status(ev["outcome"])
         text = f"{indent}  {outcome} {ev['patch']} -> {ev['target']} ({ev['how']})"
         if ev["detail"]:

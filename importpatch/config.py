@@ -17,9 +17,10 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Any
 
 # Every variable the project reads, in one place (the README and `importpatch doctor` list them).
-ENABLE = "IMPORTPATCH_ENABLE"  # comma/space separated patch names, or "all"
+ENABLE = "IMPORTPATCH_ENABLE"  # comma/space separated patch names, or "all" (not the built-in)
 DISABLE = "IMPORTPATCH_DISABLE"  # names to switch off, wins over ENABLE and defaults
 OFF = "IMPORTPATCH_OFF"  # global kill switch (a switch: see SWITCH_VALUES)
 PATH = "IMPORTPATCH_PATH"  # os.pathsep separated folders of .py / .diff / .patch declarations
@@ -27,8 +28,13 @@ LOG = "IMPORTPATCH_LOG"  # switch: one line per event on stderr
 EVENTS_DIR = "IMPORTPATCH_EVENTS_DIR"  # folder: every process appends its events there (JSON lines)
 CACHE_DIR = "IMPORTPATCH_CACHE_DIR"  # bytecode cache, catalog index and published text live here
 NO_CACHE = "IMPORTPATCH_NO_CACHE"  # switch: never read or write the bytecode cache
+STRICT = "IMPORTPATCH_STRICT"  # switch: a problem with the chosen patches stops the program
 
-ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE)
+ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE, STRICT)
+
+# Set by discovery while declarations run (catalog.scan): a Python process that patch code starts
+# then does not activate (it would run the declarations again, and start the next one).
+DISCOVERING = "_IMPORTPATCH_DISCOVERING"
 
 # The blog-style spelling (issue 15, importpatch.compat): a set VLLM_CUSTOM_PATCHES is a reason
 # to activate at start, like IMPORTPATCH_ENABLE. The .pth line looks for it by name, as it looks
@@ -68,7 +74,7 @@ def switch(value: str | None, default: bool = False) -> bool | None:
 
 def flag(environ: Mapping[str, str], name: str) -> bool:
     """A switch as every reader must interpret it: an unrecognised value of OFF means off
-    (everything is disabled, the safe side), of LOG and NO_CACHE their default (off)."""
+    (everything is disabled, the safe side), of LOG, NO_CACHE and STRICT their default (off)."""
     value = switch(get(environ, name))
     if value is None:
         return name == OFF
@@ -81,10 +87,12 @@ def is_truthy(value: str | None) -> bool:
 
 
 class Toggles:
-    """The parsed switches. ``problems`` lists what could not be understood."""
+    """The parsed switches. ``problems`` lists what could not be understood; ``choice_problems``
+    those of them that can leave off a patch the user asked for (a malformed name in ENABLE, a
+    PATH entry that is not a folder): strict mode stops on these."""
 
     __slots__ = ("enable", "enable_all", "disable", "off", "path", "log", "events_dir",
-                 "problems")
+                 "problems", "strict", "choice_problems")
 
     def __init__(
         self,
@@ -96,6 +104,8 @@ class Toggles:
         log: bool = False,
         events_dir: str | None = None,
         problems: tuple[str, ...] = (),
+        strict: bool = False,
+        choice_problems: tuple[str, ...] = (),
     ) -> None:
         self.enable = enable
         self.enable_all = enable_all
@@ -105,20 +115,34 @@ class Toggles:
         self.log = log
         self.events_dir = events_dir
         self.problems = problems
+        self.strict = strict
+        self.choice_problems = choice_problems
 
-    def decide(self, name: str, default: bool) -> tuple[bool, str]:
-        """Whether patch ``name`` is on, and why (the reason is shown by `importpatch list`)."""
+    def decide(self, name: str, default: bool, *, builtin: bool = False) -> tuple[bool, str]:
+        """Whether patch ``name`` is on, and why (the reason is shown by `importpatch list`).
+
+        ``all`` is every patch of the user's folders (PATH), of installed patch packages and of
+        ``Patch()`` calls, never a built-in one (shipped in importpatch, e.g. an example that
+        changes a kernel): those are on by name, or by default; ``all`` neither adds nor removes
+        them."""
         if self.off:
             return False, f"{OFF} is set"
         if name in self.disable:
             return False, f"named in {DISABLE}"
         if name in self.enable:
             return True, f"named in {ENABLE}"
-        if self.enable_all:
+        if self.enable_all and not builtin:
             return True, f"{ENABLE}=all"
         if default:
             return True, "on by default"
+        if self.enable_all:
+            return False, (f"built-in, off by default: on only by name ({ENABLE}=all means the "
+                           "patches of your folders and packages)")
         return False, "off by default"
+
+    def decide_entry(self, entry: Any) -> tuple[bool, str]:
+        """``decide`` for a catalog entry (its name, default and origin)."""
+        return self.decide(entry.name, bool(entry.default), builtin=entry.origin == "builtin")
 
     @property
     def anything_requested(self) -> bool:
@@ -143,13 +167,14 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
         if plain is not None and vllm is not None and plain != vllm:
             problems.append(f"{name}={plain!r} and {VLLM_PREFIX}{name}={vllm!r} are both set: "
                             f"{name} wins (the {VLLM_PREFIX} spelling is read only without it)")
-    for name in (OFF, LOG, NO_CACHE):
+    for name in (OFF, LOG, NO_CACHE, STRICT):
         raw = get(env, name)
         if switch(raw) is None:
             means = "everything is off" if name == OFF else "off"
             problems.append(f"{_spelled(env, name)}={raw!r} is not a switch value (accepted: "
                             f"{SWITCH_VALUES}); taken as {means}")
-    enable = _names(get(env, ENABLE) or "", ENABLE, problems)
+    choice_problems: list[str] = []
+    enable = _names(get(env, ENABLE) or "", ENABLE, choice_problems)
     enable_all = "all" in enable
     enable.discard("all")
     disable = _names(get(env, DISABLE) or "", DISABLE, problems)
@@ -157,7 +182,8 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
     path = tuple(p for p in (get(env, PATH) or "").split(os.pathsep) if p.strip())
     for p in path:
         if not os.path.isdir(p):
-            problems.append(f"{PATH}: {p!r} is not a folder")
+            choice_problems.append(f"{PATH}: {p!r} is not a folder")
+    problems += choice_problems
     events_dir = get(env, EVENTS_DIR) or None
     if events_dir is not None:
         events_dir = os.path.abspath(events_dir)  # children may run in another folder
@@ -170,6 +196,8 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
         log=flag(env, LOG),
         events_dir=events_dir,
         problems=tuple(problems),
+        strict=flag(env, STRICT),
+        choice_problems=tuple(choice_problems),
     )
 
 

@@ -37,19 +37,7 @@ def record(
     """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
     in-place, source-diff, transform, rebind, ... ``chain``: a replace's or wrap's place among
     the operations of its target (``landing.link``), kept as the event's ``chain`` key."""
-    event: dict[str, Any] = {
-        "time": time.time(),
-        "pid": os.getpid(),
-        "ppid": os.getppid(),
-        "host": _host(),
-        "argv": list(getattr(sys, "orig_argv", sys.argv))[:12],
-        "process": _process_name(),
-        "outcome": outcome,
-        "patch": patch,
-        "target": target,
-        "how": how,
-        "detail": detail,
-    }
+    event = _event(outcome, patch, target, how, detail)
     if chain is not None:
         event["chain"] = chain
     _events.append(event)
@@ -77,6 +65,91 @@ def record(
     return event
 
 
+def _event(outcome: str, patch: str, target: str, how: str, detail: str) -> dict[str, Any]:
+    return {
+        "time": time.time(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": _host(),
+        "argv": list(getattr(sys, "orig_argv", sys.argv))[:12],
+        "process": _process_name(),
+        "outcome": outcome,
+        "patch": patch,
+        "target": target,
+        "how": how,
+        "detail": detail,
+    }
+
+
+# -- "started": every process where the hook is active, in the events folder ----------------------
+# importpatch status draws the tree of processes from the folder; a process that applied nothing
+# (the driver of a vLLM run, an EngineCore whose patches target the Worker) would be missing.
+
+_started: tuple[int, str] | None = None  # (pid, process name) of the last "started" line written
+_started_detail = ""
+_fork_hook = False
+
+
+def process_started(how: str, detail: str | None = None) -> None:
+    """With IMPORTPATCH_EVENTS_DIR set, write a "started" line for this process (patch and target
+    empty; not one of ``events()``): once per process, and once more when a multiprocessing child
+    learns its name (EngineCore_DP0, VllmWorker-0). ``how``: start, late, spawn, fork."""
+    global _started, _started_detail, _fork_hook
+    folder = _settings()[1]
+    if not folder:
+        return
+    if detail is not None:
+        _started_detail = detail
+    event = _event("started", "", "", how, _started_detail)
+    if _started == (event["pid"], event["process"]):
+        return
+    _started = (event["pid"], event["process"])
+    _append(folder, event)
+    if not _fork_hook:
+        _fork_hook = True
+        os.register_at_fork(after_in_child=_forked)
+    if event["process"] == "":  # a spawn child: its name comes with spawn's preparation data
+        _when_prepared()
+
+
+def _when_prepared() -> None:
+    """Write the line again once spawn's ``prepare`` has set the process name (before the child
+    unpickles its target, so a child that dies there is named too)."""
+    import multiprocessing.spawn as spawn  # the child's spawn_main imports it next anyway
+
+    prepare = spawn.prepare
+    if getattr(prepare, "__wrapped__", None) is not None:
+        return
+
+    def named_prepare(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return prepare(*args, **kwargs)
+        finally:
+            process_started("spawn")
+
+    named_prepare.__wrapped__ = prepare  # type: ignore[attr-defined]
+    spawn.prepare = named_prepare
+
+
+def _forked() -> None:
+    # In a forked child: nothing is written here (a fork followed by exec, like subprocess's
+    # preexec_fn, would leave a line for a process that never ran Python). A child that
+    # multiprocessing starts (fork, forkserver) writes its line when it starts its target, named:
+    # multiprocessing runs its after-fork callbacks then.
+    global _started
+    _started = None
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.register_after_fork(_TOKEN, lambda _: process_started("fork"))
+
+
+class _Token:
+    """Kept alive by this module: multiprocessing's after-fork registry holds weak references."""
+
+
+_TOKEN = _Token()
+
+
 def _host() -> str:
     uname = getattr(os, "uname", None)
     if uname is not None:
@@ -90,6 +163,8 @@ def _process_name() -> str:
     """multiprocessing's name for this process (vLLM names them EngineCore_DP0, VllmWorker-0, ...);
     spawn sets it before the child imports anything, so it is right for import-time events."""
     mp = sys.modules.get("multiprocessing")
+    if mp is None and "--multiprocessing-fork" in getattr(sys, "orig_argv", ()):
+        return ""  # a spawn child before multiprocessing told it its name
     try:
         return str(mp.current_process().name) if mp is not None else "MainProcess"
     except Exception:

@@ -8,6 +8,10 @@ some patches on at start, and whose driver asked for more by RPC), it activates 
 imported from now on are patched at load, targets already imported are patched in place and the
 copies their importers' source proves are re-bound (see late.py); patches already on stay on.
 
+In strict mode (``IMPORTPATCH_STRICT=1``) a problem with the chosen patches found here (an unknown
+name, a broken enabled patch) raises ``StrictError``, which stops vLLM: its loader does not catch
+what a plugin function raises.
+
 It also makes vLLM's legacy Ray executor copy the ``IMPORTPATCH_*`` variables to its workers: that
 executor copies only names with the prefixes of ``vllm/ray/ray_env.py`` (``VLLM_``, ``HF_``, ...)
 plus those listed in ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, to which ``IMPORTPATCH_`` is
@@ -30,6 +34,7 @@ RAY_PREFIXES_VAR = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 def activate() -> None:
     from . import _boot
     from .finder import installed
+    from .strict import StrictError
 
     try:
         export_to_ray_workers()
@@ -40,6 +45,8 @@ def activate() -> None:
 
             enable()  # earlier patches stay on; the newly named ones are added
             _boot.activated_with = _boot.toggles_key()
+    except StrictError:
+        raise  # strict mode: stop vLLM here (see importpatch/strict.py)
     except Exception as exc:  # a plugin must not take vLLM down; targeted imports report failures
         import logging
 

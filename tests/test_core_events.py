@@ -47,3 +47,73 @@ def test_applied_lists_the_events_of_this_process(wheel_venv: Venv, tmp_path: Pa
         ["applied", "ev", "epkg.m:f", "definition-site", pid],
     ]
     assert lab.json(SHOW, enable=None)[1:] == ["orig", []]
+
+
+TREE = '''
+import multiprocessing, subprocess, sys
+
+
+def helper():  # imports nothing patched; its own child does
+    subprocess.run([sys.executable, "-c", "import epkg.m"], check=True)
+
+
+def idle():
+    pass
+
+
+if __name__ == "__main__":
+    for method, name, target in (("spawn", "Helper", helper), ("fork", "Forked", idle),
+                                 ("forkserver", "Served", idle)):
+        p = multiprocessing.get_context(method).Process(name=name, target=target)
+        p.start()
+        p.join()
+        assert p.exitcode == 0, (method, p.exitcode)
+    # fork + exec of another program (subprocess with preexec_fn runs Python's fork handlers):
+    # no Python process there, so no line
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+'''
+
+
+def test_events_dir_shows_every_process_where_the_hook_is_active(wheel_venv: Venv, tmp_path: Path
+                                                                 ) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
+    (tmp_path / "tree.py").write_text(TREE)
+    events = tmp_path / "events"
+    lab.ok([tmp_path / "tree.py"], enable="ev", env={"IMPORTPATCH_EVENTS_DIR": str(events)})
+    status = lab.ok(["-m", "importpatch", "status", "--json", "--events-dir", events],
+                    enable=None)
+    data = json.loads(status.stdout)
+    (root,) = data["processes"]
+
+    def shape(proc: dict) -> tuple:
+        applied = sorted(e["target"] for e in proc["events"] if e["outcome"] == "applied")
+        label = proc["process"]
+        if label == "MainProcess":  # multiprocessing's helper processes, by their command line
+            label = next((w for w in ("resource_tracker", "forkserver")
+                          if w in " ".join(proc["argv"])), label)
+        return (label, applied, sorted(shape(c) for c in proc["children"]))
+
+    # The driver, the spawn, fork and forkserver children, the fork server and multiprocessing's
+    # resource tracker applied nothing, and are there all the same; the grandchild applied the
+    # patch.
+    assert shape(root) == ("MainProcess", [], sorted([
+        ("Helper", [], [("MainProcess", ["epkg.m:N", "epkg.m:f"], [])]),
+        ("Forked", [], []),
+        ("forkserver", [], [("Served", [], [])]),
+        ("resource_tracker", [], []),
+    ])), json.dumps(data, indent=1)
+    started = [e for e in root["events"] if e["outcome"] == "started"]
+    assert [(e["how"], e["detail"]) for e in started] == [("start", "1 patch(es) on: ev")]
+    assert data["patches"] == {"ev": {"applied": 2, "skipped": 0, "failed": 0, "rebound": 0,
+                                      "processes": 1}}
+    human = lab.ok(["-m", "importpatch", "status", "--events-dir", events], enable=None).stdout
+    assert human.splitlines()[0].endswith("7 process(es), 2 event(s)")
+    assert human.count("nothing applied here; hook active (1 patch(es) on: ev)") == 6
+    assert "    pid " in human and " Helper on " in human and " Served on " in human
+
+
+def test_no_events_dir_no_line_and_nothing_imported(wheel_venv: Venv, tmp_path: Path) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
+    out = lab.json("import json, sys; print(json.dumps(sorted(m for m in sys.modules "
+                   "if m.startswith(('multiprocessing', 'json.'))) ))", enable="ev")
+    assert not [m for m in out if m.startswith("multiprocessing")]

@@ -51,7 +51,7 @@ def test_eight_threads_importing_one_target_land_the_patch_exactly_once(
     assert alive == 0 and runs == 1 and applied == 1
     lines = [json.loads(line) for f in events_dir.iterdir() for line in f.read_text().splitlines()]
     assert [(e["outcome"], e["patch"], e["target"]) for e in lines] == [
-        ("applied", "sl", "cpkg.slow:f")
+        ("started", "", ""), ("applied", "sl", "cpkg.slow:f")
     ]
 
 

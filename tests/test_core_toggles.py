@@ -47,6 +47,35 @@ def test_enable_names_or_all_select_patches_and_default_on_applies_without_namin
     assert lab.ok(READ, enable=None).stdout.split() == ["orig", "patched"]
 
 
+def test_enable_all_means_the_users_patches_never_the_built_in_ones(lab: Lab) -> None:
+    lab.target(TARGET).patch(TWO_PATCHES)
+    listing = json.loads(lab.ok(["-m", "importpatch", "list", "--json"]).stdout)["patches"]
+    builtin = [p for p in listing if p["origin"] == "builtin"]
+    assert builtin and not any(p["enabled"] for p in builtin)
+    assert {p["why"] for p in builtin} == {
+        "built-in, off by default: on only by name (IMPORTPATCH_ENABLE=all means the patches of "
+        "your folders and packages)"}
+    assert {(p["name"], p["why"]) for p in listing if p["origin"] == "folder"} == {
+        ("p-one", "IMPORTPATCH_ENABLE=all"), ("p-two", "IMPORTPATCH_ENABLE=all")}
+    finder = "import importpatch.finder as f; print(sorted(e.name for e in f.installed().entries))"
+    assert lab.ok(finder).stdout.split() == ["['p-one',", "'p-two']"]
+    # a built-in one is on by name, beside all
+    named = lab.ok(finder, enable="all,vllm-ban-token-ids").stdout
+    assert named.split() == ["['p-one',", "'p-two',", "'vllm-ban-token-ids']"]
+
+
+def test_enable_all_neither_adds_nor_removes_a_built_in_patch_on_by_default() -> None:
+    from importpatch.config import read
+
+    toggles = read({"IMPORTPATCH_ENABLE": "all"})
+    assert toggles.decide("shipped-default", True, builtin=True) == (True, "on by default")
+    assert toggles.decide("shipped-off", False, builtin=True)[0] is False
+    assert toggles.decide("mine", False) == (True, "IMPORTPATCH_ENABLE=all")
+    off = read({"IMPORTPATCH_ENABLE": "all", "IMPORTPATCH_DISABLE": "shipped-default"})
+    assert off.decide("shipped-default", True, builtin=True) == (
+        False, "named in IMPORTPATCH_DISABLE")
+
+
 def test_disable_wins_over_enable_all_and_default(lab: Lab) -> None:
     lab.target(TARGET).patch(TWO_PATCHES)
     proc = lab.ok(READ, enable="all", env={"IMPORTPATCH_DISABLE": "p-one p-two"})

@@ -152,6 +152,21 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
             for x in f.read_text().splitlines() if x.strip()]
 
 
+def patched_processes(status_json: str, *, applied_only: bool = True
+                      ) -> dict[int, dict[str, Any]]:
+    """The processes of `importpatch status --json` (at any depth of its tree) that applied a
+    patch. Every process where the hook is active is in the tree (Ray's own Python processes,
+    idle workers): those that applied nothing are left out, unless ``applied_only`` is false."""
+    out: dict[int, dict[str, Any]] = {}
+    todo = list(json.loads(status_json)["processes"])
+    while todo:
+        proc = todo.pop()
+        todo += proc["children"]
+        if not applied_only or any(e["outcome"] == "applied" for e in proc["events"]):
+            out[proc["pid"]] = proc
+    return out
+
+
 def applied(events: list[dict[str, Any]], pid: int) -> list[tuple[str, str, str]]:
     return sorted((e["patch"], e["target"], e["how"]) for e in events
                   if e["pid"] == pid and e["outcome"] == "applied")
@@ -401,13 +416,14 @@ def test_ray_status_shows_ray_workers_events_beside_the_drivers(lab: RayLab) -> 
     assert "ray-rp: applied in" in text.stdout
     js = subprocess.run([sys.executable, "-m", "importpatch", "status", "--json"], env=status_env,
                         capture_output=True, text=True, timeout=60, cwd=lab.root)
-    procs = {p["pid"]: p for p in json.loads(js.stdout)["processes"]}  # all roots: no parent seen
+    procs = patched_processes(js.stdout)
     assert set(procs) == {driver, *workers}
     assert procs[driver]["ray_node"] is None
     for pid in workers:
         assert procs[pid]["host"] == host
         assert procs[pid]["ray_node"].startswith("127.0.0.1:")
-        assert sorted(e["target"] for e in procs[pid]["events"]) == ["rpk.m:K.meth", "rpk.m:f"]
+        assert sorted(e["target"] for e in procs[pid]["events"] if e["outcome"] != "started"
+                      ) == ["rpk.m:K.meth", "rpk.m:f"]
 
 
 @pytest.mark.ray
@@ -461,8 +477,10 @@ def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(lab: RayLa
         [sys.executable, "-m", "importpatch", "status", "--json", "--events-dir", str(lab.events)],
         env=clean_env(), capture_output=True, text=True, timeout=60,
     )
-    procs = {p["pid"]: p for p in json.loads(status.stdout)["processes"]}
-    assert set(procs) == {head_rt["pid"], second["pid"]}  # the unpatched worker wrote nothing
+    procs = patched_processes(status.stdout)
+    assert set(procs) == {head_rt["pid"], second["pid"]}
+    # the worker without toggles wrote nothing
+    assert head["pid"] not in patched_processes(status.stdout, applied_only=False)
     nodes = {procs[head_rt["pid"]]["ray_node"], procs[second["pid"]]["ray_node"]}
     assert len(nodes) == 2 and all(n.startswith("127.0.0.1:") for n in nodes), nodes
 
@@ -642,7 +660,7 @@ def test_vllm_llm_with_ray_backend_bans_token_in_ray_worker_from_driver_toggles(
         env=clean_env(), capture_output=True, text=True, timeout=60,
     )
     procs = json.loads(status.stdout)["processes"]
-    ray_workers = [p for p in procs if p["ray_node"]]
+    ray_workers = [p for p in patched_processes(status.stdout).values() if p["ray_node"]]
     assert [p["pid"] for p in ray_workers] == [ban["pid"]]
     assert ray_workers[0]["ray_node"].startswith("127.0.0.1:")
     assert any(p["pid"] == out["pid"] for p in procs)  # the driver, beside it

@@ -281,16 +281,9 @@ def test_python_S_activates_through_vllm_general_plugin(
 ) -> None:
     # No site: the .pth never runs. vLLM's load_general_plugins() finds our entry point and
     # activates patching; site-packages comes from PYTHONPATH.
-    import sysconfig
-
-    import importpatch
-
-    # site-packages, plus where importpatch lives (the same folder for a wheel install; the
-    # checkout for an editable one, whose path .pth does not run under -S either).
-    paths = [sysconfig.get_paths()["purelib"], str(Path(importpatch.__file__).parent.parent)]
     env = vllm_env(
         tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
-        PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        PYTHONPATH=vllm_site_paths(), VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
     proc = subprocess.run(
         [sys.executable, "-S", str(GENERATE), "--model", model_dir, "--blocker", "--priorities",
@@ -304,3 +297,58 @@ def test_python_S_activates_through_vllm_general_plugin(
     assert any(e["patch"] == "vllm-ban-token-ids" for e in applied)
     assert all(e["pid"] == result["pid"] for e in applied)  # one process: multiprocessing off
     assert os.environ.get("IMPORTPATCH_ENABLE") is None  # the test process itself stayed clean
+
+
+def test_status_shows_the_whole_process_tree_even_where_nothing_applied(runs: dict) -> None:
+    # The vanilla run enables only the step trace, which applies in EngineCore: the driver and
+    # the Worker have nothing to apply, and are in the tree all the same (their "started" lines).
+    run = runs["vanilla"]
+    status = subprocess.run(
+        [sys.executable, "-m", "importpatch", "status", "--json", "--events-dir",
+         str(run["tmp"] / "events")], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    roots = json.loads(status.stdout)["processes"]
+    (driver,) = [p for p in roots if p["pid"] == run["result"]["pid"]]
+    (engine_core,) = [c for c in driver["children"] if c["process"].startswith("EngineCore")]
+    (worker,) = [c for c in engine_core["children"] if c["process"].startswith("VllmWorker")]
+    applied = lambda p: {e["patch"] for e in p["events"] if e["outcome"] == "applied"}  # noqa: E731
+    assert applied(driver) == applied(worker) == set()
+    assert applied(engine_core) == {"vllm-sched-step-trace"}
+    for proc in (driver, engine_core, worker):
+        assert any(e["outcome"] == "started" for e in proc["events"]), proc
+
+
+def vllm_site_paths() -> str:
+    """site-packages, plus where importpatch lives (the same folder for a wheel install; the
+    checkout for an editable one, whose path .pth does not run under -S either)."""
+    import sysconfig
+
+    import importpatch
+
+    return os.pathsep.join(dict.fromkeys(
+        [sysconfig.get_paths()["purelib"], str(Path(importpatch.__file__).parent.parent)]))
+
+
+@pytest.mark.parametrize("flags", [[], ["-S"]], ids=["pth", "python-S"])
+def test_strict_mode_stops_vllm_on_a_typo(tmp_path: Path, flags: list[str]) -> None:
+    # With the .pth: at `import vllm` (nothing of vLLM ran). With python -S (no .pth): at vLLM's
+    # own load_general_plugins(), which calls importpatch's plugin and does not catch it.
+    code = "import vllm.plugins; vllm.plugins.load_general_plugins(); print('vLLM went on')"
+    env = vllm_env(tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-idz", IMPORTPATCH_STRICT="1",
+                   **({"PYTHONPATH": vllm_site_paths()} if flags else {}))
+    proc = subprocess.run([sys.executable, *flags, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "vLLM went on" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("importpatch.strict.StrictError: importpatch: unknown patch name(s) "
+                           "vllm-ban-token-idz in IMPORTPATCH_ENABLE; known: "), last
+    where = ("the import of vllm" if not flags else "importpatch's late activation")
+    assert f"(IMPORTPATCH_STRICT is on: stopped at {where}" in last
+    if not flags:
+        assert "load_general_plugins" not in proc.stderr  # stopped before vLLM's code ran
+    else:
+        assert "load_general_plugins" in proc.stderr  # raised through vLLM's plugin loader
+    env.pop("IMPORTPATCH_STRICT")
+    relaxed = subprocess.run([sys.executable, *flags, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert relaxed.returncode == 0 and "vLLM went on" in relaxed.stdout, relaxed.stderr[-2000:]
