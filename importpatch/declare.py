@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 _MISSING: Any = object()
 
 # Kinds of operation. replace/wrap/add bind Python objects at the definition site; diff,
-# transform and field change the module's source / tree before it is compiled.
+# transform and field change the module's source / tree before it is compiled. set
+# (importpatch.compat's VLLMPatch) is ``setattr`` at the definition site: replace when the name
+# exists, add when not.
 REPLACE, WRAP, ADD, DIFF, TRANSFORM, FIELD = "replace", "wrap", "add", "diff", "transform", "field"
+SET = "set"
 CODE_KINDS = (DIFF, TRANSFORM, FIELD)
 
 
@@ -432,3 +435,9 @@ class collecting:
 
 def iter_registry() -> Iterator[Patch]:
     return iter(list(_registry))
+
+
+def discovering() -> bool:
+    """Whether patch declarations are being discovered right now (a ``collecting()`` block is
+    open): code that would apply a patch (importpatch.compat's ``VLLMPatch.apply``) then waits."""
+    return bool(_collectors.get(_thread.get_ident()))

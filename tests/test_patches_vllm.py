@@ -21,6 +21,7 @@ SHIPPED = [
     "vllm-sched-step-trace",
     "vllm-triton-interpret-on-cpu",
     "example-vllm-triton-attention-temperature",
+    "vllm-cpu-cli",
 ]
 
 

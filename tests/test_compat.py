@@ -1,0 +1,399 @@
+"""importpatch.compat: the VLLMPatch API of vLLM's plugin-system blog post, on throwaway targets
+(tests/test_vllm_compat.py does the same on real vLLM).
+
+The patch package is laid out as in the post (tests/blogpkg.py: PatchManager, register_patches,
+one module per patch class) and installed as a real distribution with its entry points; every
+check runs in a fresh interpreter of the project's wheel venv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from blogpkg import PACKAGE, entry_points, files
+from conftest import Venv
+from coreutil import EVENTS, Lab, install_dist
+
+
+@pytest.fixture
+def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
+    return Lab(wheel_venv, tmp_path).target(TARGET)
+
+
+TARGET = {
+    "tpkg/__init__.py": "",
+    "tpkg/sched.py": '''
+        class Scheduler:
+            def schedule(self):
+                return "fcfs"
+
+        class AsyncScheduler(Scheduler):  # made at import: must inherit the patched method
+            pass
+        ''',
+    "tpkg/kv.py": '''
+        def resolve(x):
+            return ["orig", x]
+        ''',
+    "tpkg/core.py": '''
+        from tpkg.kv import resolve  # the by-name copy a late monkeypatch misses
+
+        def run(x):
+            return resolve(x)
+        ''',
+}
+
+STRING_TARGETS = {
+    "priority_scheduler": ("PriorityScheduler", "PrioritySchedulerPatch", '''
+        {IMPORT}
+
+
+        class PrioritySchedulerPatch(VLLMPatch["tpkg.sched:Scheduler"]):
+            """Priority first."""
+
+            def schedule_with_priority(self):
+                return "priority"
+
+            def schedule(self):
+                return "patched:" + self.schedule_with_priority()
+        '''),
+    "kv_block_sizes": ("KVBlockSizes", "KVBlockSizesPatch", '''
+        {IMPORT}
+
+
+        class KVBlockSizesPatch(VLLMPatch["tpkg.kv"]):
+            def resolve(x):
+                return ["patched", x]
+        '''),
+}
+
+OBJECT_TARGETS = {
+    "priority_scheduler": ("PriorityScheduler", "PrioritySchedulerPatch", '''
+        {IMPORT}
+        from tpkg.sched import Scheduler
+
+
+        class PrioritySchedulerPatch(VLLMPatch[Scheduler]):
+            def schedule(self):
+                return "patched:priority"
+        '''),
+    "kv_block_sizes": ("KVBlockSizes", "KVBlockSizesPatch", '''
+        {IMPORT}
+        from tpkg import kv
+
+        _vanilla_resolve = kv.resolve  # the post's way to keep the original at hand
+
+
+        class KVBlockSizesPatch(VLLMPatch[kv]):
+            def resolve(x):
+                return ["patched", _vanilla_resolve(x)]
+        '''),
+}
+
+# What a child reports: results of the targets, and importpatch's events of that process.
+READ = f'''
+import json, sys, importpatch.events
+import tpkg.core, tpkg.sched
+def report(tag):
+    return [tag, tpkg.core.run(1), tpkg.sched.AsyncScheduler().schedule(), {EVENTS}]
+'''
+
+
+def install(lab: Lab, patches: dict, *, entry_point: bool) -> None:
+    pkg = {k: v for k, v in files(patches, compat=True, entry_point=entry_point,
+                                  vllm_core=False).items() if k != "setup.py"}
+    install_dist(lab.venv, lab.targets, "vllm-custom-patches", "0.1.0", pkg,
+                 entry_points=entry_points(entry_point=entry_point), top_level=[PACKAGE])
+
+
+def custom(names: str, **extra: str | None) -> dict[str, str | None]:
+    """Only the post's variable switches patches on (IMPORTPATCH_ENABLE unset)."""
+    return {"VLLM_CUSTOM_PATCHES": names, **extra}
+
+
+def test_api_is_the_posts_and_a_string_target_imports_nothing(lab: Lab) -> None:
+    out = lab.json('''
+        import json, sys
+        from importpatch.compat import VLLMPatch, min_vllm_version, PatchManager
+        errors = []
+        for make in (lambda: type("Loose", (VLLMPatch,), {}), lambda: VLLMPatch[42],
+                     VLLMPatch.apply, lambda: VLLMPatch["not a target!"],
+                     lambda: min_vllm_version("zero point nine")):
+            try:
+                make()
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+        class P(VLLMPatch["tpkg.sched:Scheduler"]):
+            def added(self):
+                return 1
+
+        class M(VLLMPatch["tpkg.kv|tpkg.old_kv"]):
+            pass
+
+        print(json.dumps([errors, P.__mro__[1].__name__, M.__mro__[1].__name__,
+                          "tpkg.sched" in sys.modules, "tpkg" in sys.modules]))
+        ''', enable=None)
+    assert out[0][:3] == [
+        "TypeError: Loose must be defined as VLLMPatch[Target]",
+        "TypeError: Can only patch classes or modules, not <class 'int'>",
+        "TypeError: Cannot apply base VLLMPatch class directly",
+    ]
+    assert out[0][3].startswith("DeclarationError: target 'not a target!'")
+    assert out[0][4] == "InvalidVersion: Invalid version: 'zero point nine'"  # at declaration
+    assert out[1:] == ["VLLMPatch[Scheduler]", "VLLMPatch[tpkg.kv]", False, False]
+
+
+def test_entry_point_names_patches_as_registered_and_vllm_custom_patches_lands_them_at_start(
+    lab: Lab,
+) -> None:
+    install(lab, STRING_TARGETS, entry_point=True)
+    out = lab.json(READ + f'''
+first = report("start")
+import {PACKAGE}
+{PACKAGE}.register_patches()  # what vLLM's load_general_plugins() does later
+print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches]))
+''', enable=None, env=custom("PriorityScheduler,KVBlockSizes"))
+    first, after_plugin, applied = out
+    assert first[1:3] == [["patched", 1], "patched:priority"]
+    assert sorted(first[3]) == [
+        ["applied", "KVBlockSizes", "tpkg.kv:resolve", "definition-site"],
+        ["applied", "PriorityScheduler", "tpkg.sched:Scheduler.schedule", "definition-site"],
+        ["applied", "PriorityScheduler", "tpkg.sched:Scheduler.schedule_with_priority",
+         "definition-site"],
+    ]
+    assert after_plugin[3] == first[3]  # apply() from the plugin applied nothing twice
+    assert applied[-2:] == ["PriorityScheduler", "KVBlockSizes"]
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None,
+                               env=custom("KVBlockSizes")).stdout)["patches"]
+    by_name = {p["name"]: p for p in listed if p["origin"] == "entry-point"}
+    assert set(by_name) == {"PriorityScheduler", "KVBlockSizes"}
+    assert by_name["KVBlockSizes"]["enabled"] and not by_name["PriorityScheduler"]["enabled"]
+    assert by_name["KVBlockSizes"]["why"] == "named in VLLM_CUSTOM_PATCHES"
+    assert by_name["PriorityScheduler"]["kinds"] == ["set"]
+    assert by_name["PriorityScheduler"]["doc"] == "Priority first."
+
+
+def test_importpatch_enable_works_the_same_and_unknown_custom_names_are_not_warned(
+    lab: Lab,
+) -> None:
+    install(lab, STRING_TARGETS, entry_point=True)
+    proc = lab.ok(READ + 'print(json.dumps(report("x")))', enable="KVBlockSizes",
+                  env={"VLLM_CUSTOM_PATCHES": "SomethingElse"})
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out[1:3] == [["patched", 1], "fcfs"]
+    # The post's own manager logs "Unknown patch: SomethingElse" (its business); importpatch
+    # does not warn about a name it was never meant to know.
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("importpatch:")]
+
+
+def test_vllm_custom_patches_alone_lands_them_at_start_in_every_process(lab: Lab) -> None:
+    install(lab, STRING_TARGETS, entry_point=True)
+    bare = custom("KVBlockSizes", IMPORTPATCH_PATH=None, IMPORTPATCH_CACHE_DIR=None)
+    for _ in range(2):  # the first process builds the index, the second starts from it
+        out = lab.json(READ + 'print(json.dumps(report("x")))', enable=None, env=bare)
+        assert out[1] == ["patched", 1]
+        assert out[3] == [["applied", "KVBlockSizes", "tpkg.kv:resolve", "definition-site"]]
+
+
+def test_object_targets_are_patched_in_place_by_apply_with_copies_rebound(lab: Lab) -> None:
+    install(lab, OBJECT_TARGETS, entry_point=True)
+    out = lab.json(READ + f'''
+first = report("start")
+import {PACKAGE}
+{PACKAGE}.register_patches()
+second = report("plugin")
+{PACKAGE}.register_patches()  # loaded twice (vLLM warns plugins may be): still applied once
+import tpkg.kv
+print(json.dumps([first, second, report("again"), tpkg.kv._applied_patches]))
+''', enable=None, env=custom("PriorityScheduler,KVBlockSizes"))
+    first, second, again, record = out
+    # Enabled at start, but an object target is never landed at import (its declaration
+    # imports it): the import did not fail and nothing was patched before apply().
+    assert first[1:] == [["orig", 1], "fcfs", []]
+    # The copy in tpkg.core is re-bound; the original the patch module saved is not (re-binding
+    # it too would make the replacement call itself).
+    assert second[1:3] == [["patched", ["orig", 1]], "patched:priority"]
+    # Re-binding: the copy of the function; a class patched in place is the same object.
+    assert {(e[1], e[3]) for e in second[3]} == {
+        ("KVBlockSizes", "in-place"), ("PriorityScheduler", "in-place"),
+        ("KVBlockSizes", "rebind"),
+    }
+    assert again[3] == second[3]
+    assert record == {"resolve": "KVBlockSizesPatch"}
+
+
+def test_check_and_doctor_suggest_the_string_form_for_object_targets(lab: Lab) -> None:
+    install(lab, OBJECT_TARGETS, entry_point=True)
+    env = custom("KVBlockSizes")
+    report = json.loads(lab.run(["-m", "importpatch", "check", "--json", "KVBlockSizes"],
+                                enable=None, env=env).stdout)
+    (patch,) = report["patches"]
+    assert patch["status"] == "ok" and report["exit_status"] == 0
+    (op,) = patch["ops"]
+    assert op["status"] == "warn" and op["target"] == "tpkg.kv:resolve"
+    assert "write VLLMPatch['tpkg.kv'] to land it there" in op["detail"]
+    doctor = json.loads(lab.run(["-m", "importpatch", "doctor", "--json"], enable=None,
+                                env=env).stdout)
+    assert any("KVBlockSizes" in w and "VLLMPatch['tpkg.kv']" in w for w in doctor["warnings"])
+    assert doctor["env"]["VLLM_CUSTOM_PATCHES"] == "KVBlockSizes"
+
+
+def test_without_the_entry_point_apply_still_patches_copies_and_later_imports(lab: Lab) -> None:
+    install(lab, STRING_TARGETS, entry_point=False)
+    out = lab.json(f'''
+import json, sys, importpatch.events
+import tpkg.core  # imported before the plugin ran: patched in place, its copy re-bound
+import {PACKAGE}
+{PACKAGE}.register_patches()
+import tpkg.sched  # imported after: lands at the definition site, subclasses inherit
+print(json.dumps([tpkg.core.run(1), tpkg.sched.AsyncScheduler().schedule(),
+                  sorted({{(e[1], e[3]) for e in {EVENTS}}})]))
+''', enable=None, env=custom("PriorityScheduler,KVBlockSizes"))
+    assert out[:2] == [["patched", 1], "patched:priority"]
+    assert out[2] == [["KVBlockSizes", "in-place"], ["KVBlockSizes", "rebind"],
+                      ["PriorityScheduler", "definition-site"]]
+
+
+CONFLICTING = {
+    "a": ("A", "APatch", '''
+        {IMPORT}
+
+
+        class APatch(VLLMPatch["tpkg.sched:Scheduler"]):
+            def schedule(self):
+                return "a"
+        '''),
+    "b": ("B", "BPatch", '''
+        {IMPORT}
+
+
+        class BPatch(VLLMPatch["tpkg.sched:Scheduler"]):
+            def schedule(self):
+                return "b"
+
+            def only_b(self):
+                return "b"
+        '''),
+}
+
+
+def test_two_patches_setting_one_attribute_raise_the_posts_error_and_apply_nothing(
+    lab: Lab,
+) -> None:
+    install(lab, CONFLICTING, entry_point=False)
+    out = lab.json(f'''
+import json, logging, io
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.ERROR)
+import {PACKAGE}, tpkg.sched
+{PACKAGE}.register_patches()
+print(json.dumps([{PACKAGE}.manager.applied_patches, tpkg.sched.Scheduler().schedule(),
+                  hasattr(tpkg.sched.Scheduler, "only_b"), stream.getvalue()]))
+''', enable=None, env=custom("A,B"))
+    assert out[:3] == [["A"], "a", False]
+    assert "Failed to apply B: Scheduler.schedule already patched by APatch" in out[3]
+
+
+def test_two_patches_setting_one_attribute_at_the_definition_site_fail_the_import(
+    lab: Lab,
+) -> None:
+    install(lab, CONFLICTING, entry_point=True)
+    proc = lab.run("import tpkg.sched", enable=None, env=custom("A,B"))
+    assert proc.returncode == 1
+    assert "conflict: patches 'A' and 'B' both set Scheduler.schedule" in proc.stderr
+
+
+def test_min_vllm_version_skips_with_the_posts_warning_at_start_and_in_apply(lab: Lab) -> None:
+    install_dist(lab.venv, lab.targets, "vllm", "0.32.0",
+                 {"vllm/__init__.py": '__version__ = "0.32.0"\n'}, top_level=["vllm"])
+    patches = {
+        "old": ("Old", "OldPatch", '''
+            {IMPORT}
+
+
+            @min_vllm_version("0.9.1")
+            class OldPatch(VLLMPatch["tpkg.kv"]):
+                def resolve(x):
+                    return ["old", x]
+            '''),
+        "future": ("Future", "FuturePatch", '''
+            {IMPORT}
+
+
+            @min_vllm_version("0.40")
+            class FuturePatch(VLLMPatch["tpkg.sched:Scheduler"]):
+                def schedule(self):
+                    return "future"
+            '''),
+    }
+    install(lab, patches, entry_point=True)
+    out = lab.json(READ + f'''
+import logging, io
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.WARNING)
+import vllm, {PACKAGE}
+{PACKAGE}.register_patches()
+r = report("x")
+print(json.dumps([r[1], r[2], sorted({{(e[0], e[1]) for e in r[3]}}), stream.getvalue(),
+                  [e["detail"] for e in importpatch.events.events() if e["outcome"] == "skipped"]]))
+''', enable=None, env=custom("Old,Future"))
+    assert out[:3] == [["old", 1], "fcfs", [["applied", "Old"], ["skipped", "Future"]]]
+    assert "Skipping FuturePatch: requires vLLM >= 0.40, but found 0.32.0" in out[3]
+    assert out[4] == ["requires vllm>=0.40, installed vllm 0.32.0"]
+
+
+def test_set_adds_names_the_module_does_not_define_and_members_a_class_only_inherits(
+    lab: Lab,
+) -> None:
+    patches = {
+        "adds": ("Adds", "AddsPatch", '''
+            {IMPORT}
+
+
+            class AddsPatch(VLLMPatch["tpkg.kv"]):
+                LIMIT = 7
+
+            class SubPatch(VLLMPatch["tpkg.sched:AsyncScheduler"]):
+                def schedule(self):
+                    return "async only"
+            '''),
+    }
+    install(lab, patches, entry_point=True)
+    check = json.loads(lab.run(["-m", "importpatch", "check", "--json"], enable=None,
+                               env=custom("Adds")).stdout)
+    ops = {op["target"]: op for p in check["patches"] for op in p["ops"]}
+    assert ops["tpkg.kv:LIMIT"]["status"] == "ok"
+    assert ops["tpkg.kv:LIMIT"]["detail"] == "LIMIT is not there yet: set adds it"
+    out = lab.json('''
+        import json, tpkg.kv, tpkg.sched
+        print(json.dumps([tpkg.kv.LIMIT, tpkg.sched.AsyncScheduler().schedule(),
+                          tpkg.sched.Scheduler().schedule()]))
+        ''', enable="Adds,SubPatch")
+    assert out == [7, "async only", "fcfs"]
+
+
+def test_compat_patch_manager_names_and_applies_like_the_posts(lab: Lab) -> None:
+    out = lab.json(f'''
+import json, logging, io, sys, importpatch.events
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.INFO)
+from importpatch.compat import PatchManager, VLLMPatch
+
+class KV(VLLMPatch["tpkg.kv"]):
+    def resolve(x):
+        return ["managed", x]
+
+manager = PatchManager()
+manager.register("Managed", KV)
+manager.apply_from_env()  # VLLM_CUSTOM_PATCHES="Managed,Nope"
+import tpkg.core  # imported after apply(): lands at the definition site
+print(json.dumps([tpkg.core.run(1), manager.applied_patches, manager.apply_patch("Nope"),
+                  {EVENTS}, stream.getvalue().splitlines()]))
+''', enable=None, env=custom("Managed,Nope"))
+    assert out[0] == ["managed", 1]
+    assert out[1:3] == [["Managed"], False]
+    assert out[3] == [["applied", "Managed", "tpkg.kv:resolve", "definition-site"]]
+    logged = [line.split(":", 2)[-1] for line in out[4]]
+    assert "Registered patch: Managed" in logged and "Unknown patch: Nope" in logged
+    assert "Successfully applied: ['Managed']" in logged
