@@ -27,10 +27,10 @@ Invariants: nothing here runs per call but wrapt's wrapper and the stand-in of
 when looking it up by name finds the very object, and otherwise sends its code by value (the
 original's code, for a wrapper: silently unpatched); so a wrapper that no name finds
 (``Class.method``, which wrapt binds anew at each access, a property's getter, a classmethod's
-function) does not claim to be a function and pickles through ``__reduce_ex__``. (Left: the wrapper of a method as stored,
-``vars(Class)["method"]``, claims to be a function, since at the definition site it cannot be
-told from a staticmethod's; cloudpickle sends that one object by value.) ``by_reference`` is the
-one function an unpickler calls.
+function) does not claim to be a function and pickles through ``__reduce_ex__``. (Left: the
+wrapper of a method as stored, ``vars(Class)["method"]``, claims to be a function, since at the
+definition site it cannot be told from a staticmethod's; cloudpickle sends that one object by
+value.) ``by_reference`` is the one function an unpickler calls.
 """
 
 from __future__ import annotations

