@@ -72,8 +72,8 @@ CHILD = f"NAMES = {NAMES!r}\n" + """\
 import json, statistics, sys, timeit
 import wrapt
 import callpkg.m as m
-declared = "importpatch._declared.calls_"
-replacement = next(v for k, v in sys.modules.items() if k.startswith(declared))
+replacement = next(v for k, v in sys.modules.items()  # the patch file, in its folder's package
+                   if k.startswith("importpatch._declared.") and k.endswith(".calls"))
 assert m.f_replaced is replacement.f_replaced, "replace must bind the replacement itself"
 assert type(m.f_wrapped).__name__ == "TargetWrapper"  # wrapt's FunctionWrapper, picklable
 orig = m.f_mp

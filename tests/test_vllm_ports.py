@@ -175,6 +175,14 @@ def engine_setting(wrapped, instance, args, kwargs):
     return result
 ''',
 }
+# (a) as first tried: an add sets the attribute after the Struct was built (a class attribute, not
+# a field). Never enabled: check must say so and name patch.field.
+PORTS["port_add_mistake.py"] = f'''
+from importpatch import Patch
+
+Patch("port-add-mistake", {REQUIRES}).add(
+    "vllm.sampling_params:SamplingParams.banned_token_ids", None)
+'''
 # (c) three wraps of the EngineCore process target, each from a patch of its own.
 for _name, _order in (("a", -10), ("b", 0), ("c", 10)):
     PORTS[f"port_engine_{_name}.py"] = LOG + f'''
@@ -286,7 +294,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: str, ports: Path) -
     return {"result": json.loads(line[len("RESULT: "):]), "tmp": tmp, "env": env,
             "seen": observations(tmp),
             "status": importpatch_json(env, "status", "--events-dir", str(tmp / "events")),
-            "check": importpatch_json(env, "check")}
+            "check": importpatch_json(env, "check"),
+            "diff": importpatch_json(env, "diff", "port-banned-tokens")}
 
 
 def processes(status: dict) -> list[dict]:
@@ -356,6 +365,21 @@ def test_sampling_params_field_is_made_and_used_in_enginecore_and_worker(run: di
     where = applied(run["status"], "port-banned-tokens")
     field = "vllm.sampling_params:SamplingParams.banned_token_ids"
     assert {"MainProcess", "EngineCore", "VllmWorker-0"} <= where[field]
+
+
+def test_sampling_params_field_diff_is_one_line_and_check_flags_an_add(run: dict) -> None:
+    """(a): ``importpatch diff`` of the field is the one written line (the AST route re-rendered
+    the whole class, ~1,800 lines); an ``add`` of the same name is flagged, naming the op."""
+    (module,) = run["diff"]["modules"]
+    assert module["module"] == "vllm.sampling_params" and module["error"] is None
+    changed = [line for line in module["diff"].splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == ["+    banned_token_ids: list[int] | None = None"]
+    (mistake,) = [p for p in run["check"]["patches"] if p["name"] == "port-add-mistake"]
+    (op,) = mistake["ops"]
+    assert op["status"] == "warn"
+    assert op["detail"].startswith("class SamplingParams is a msgspec.Struct (base msgspec.Struct")
+    assert "patch.field('vllm.sampling_params:SamplingParams.banned_token_ids'" in op["detail"]
 
 
 def test_kv_page_size_fix_runs_in_the_spawned_children(run: dict) -> None:
