@@ -72,9 +72,9 @@ CHILD = f"NAMES = {NAMES!r}\n" + """\
 import json, statistics, sys, timeit
 import wrapt
 import callpkg.m as m
-replacement = next(v for k, v in sys.modules.items()  # the patch file, in its folder's package
-                   if k.startswith("importpatch._declared.") and k.endswith(".calls"))
-assert m.f_replaced is replacement.f_replaced, "replace must bind the replacement itself"
+# replace binds the replacement itself: the patch file's function, no wrapper around it
+assert type(m.f_replaced) is type(m.f_plain), "replace must bind the replacement itself"
+assert m.f_replaced.__code__.co_filename.endswith("calls.py"), m.f_replaced.__code__
 assert type(m.f_wrapped).__name__ == "TargetWrapper"  # wrapt's FunctionWrapper, picklable
 orig = m.f_mp
 def f_mp(*args, **kwargs):
