@@ -240,7 +240,7 @@ _CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 
 
 def _binder(code: types.CodeType, skip: int, defaults: tuple[Any, ...] | None,
-            kwdefaults: dict[str, Any] | None) -> Any:
+            kwdefaults: dict[str, Any] | None, qualname: str) -> Any:
     """A function with ``code``'s parameters and defaults that returns the ``Arguments`` of a call
     (without the first ``skip`` parameters, a bound method's ``self``): Python itself binds the
     call, at C speed, with Python's own error for a call that does not fit. Made once per code
@@ -279,7 +279,8 @@ def _binder(code: types.CodeType, skip: int, defaults: tuple[Any, ...] | None,
     if hasattr(code, "co_qualname"):  # Python 3.11+
         code_names["co_qualname"] = code.co_qualname
     binder.__code__ = binder.__code__.replace(**code_names)
-    binder.__name__, binder.__qualname__ = code.co_name, getattr(code, "co_qualname", code.co_name)
+    # Python 3.10 names the function in the message by its __qualname__, 3.11+ by co_qualname.
+    binder.__name__, binder.__qualname__ = code.co_name, getattr(code, "co_qualname", qualname)
     binder.__defaults__, binder.__kwdefaults__ = defaults, kwdefaults
     _binders[(id(code), skip)] = (code, binder)
     return binder
@@ -314,7 +315,8 @@ def bind(func: Any, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None
             and found[1].__kwdefaults__ is target.__kwdefaults__:
         binder = found[1]
     else:
-        binder = _binder(code, len(prefix), target.__defaults__, target.__kwdefaults__)
+        binder = _binder(code, len(prefix), target.__defaults__, target.__kwdefaults__,
+                         getattr(target, "__qualname__", code.co_name))
     if kwargs:
         return binder(*prefix, *args, **kwargs)  # type: ignore[no-any-return]
     return binder(*prefix, *args)  # type: ignore[no-any-return]
