@@ -18,6 +18,11 @@ qualified name**, and the receiving process resolves its own, patched, object:
   object. ``__code__`` is untouched, so tracebacks and ``inspect.getsource`` of a function still
   show the patch file. Objects of patches made in application code (``importpatch.enable()``)
   keep their names: a child process may not run that code, and their own names resolve there.
+- an instance of a wrapped class names its class through ``class_by_reference`` (pickle saves
+  a class by name, and the name finds the wrapper: "not the same object"); ``wrappers``
+  registers a ``copyreg`` reducer for the class, which pickle, cloudpickle, multiprocessing and
+  ``copy`` read. (The class object itself, pickled alone, still cannot be: pickle saves classes
+  before it asks ``copyreg``.)
 - a function installed at a property (its getter) is named ``Class.prop.fget``, which pickle can
   resolve (the original getter, named ``Class.prop``, cannot be pickled by reference at all); a
   wrapper there, or in a classmethod, does not claim to be a function (``settle``).
@@ -60,6 +65,28 @@ def by_reference(module: str, qualname: str, attr: str | None = None) -> Any:
     if attr is None:
         return getattr(obj, last)
     return getattr(vars(obj)[last], attr)
+
+
+def class_by_reference(module: str, qualname: str) -> Any:
+    """The class a wrap at ``module:qualname`` wraps in this process (the class itself where
+    nothing wraps it there); unpicklers of instances of a wrapped class call this."""
+    found = by_reference(module, qualname)
+    inner = getattr(found, "__wrapped__", None)  # (the wrapper claims to be a class too)
+    return inner if isinstance(inner, type) else found
+
+
+def new_instance(cls: Any, *args: Any) -> Any:
+    """``copyreg.__newobj__`` under another name: pickle insists that that one's first argument
+    *is* the instance's class, and an instance of a wrapped class names it by reference (``cls``
+    is the class once unpickled; ``copy.copy`` passes the reference itself, ``.cls``)."""
+    cls = cls if isinstance(cls, type) else cls.cls
+    return cls.__new__(cls, *args)
+
+
+def new_instance_ex(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``copyreg.__newobj_ex__`` under another name (see ``new_instance``)."""
+    cls = cls if isinstance(cls, type) else cls.cls
+    return cls.__new__(cls, *args, **kwargs)
 
 
 def _reference(target: tuple[str, str], obj: Any) -> tuple[str, ...]:

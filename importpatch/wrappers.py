@@ -7,9 +7,11 @@ target it is installed at (see ``importpatch.objects``). wrapt's own proxies ref
 
 from __future__ import annotations
 
+import copyreg
+
 import wrapt
 
-from .objects import _reference, by_reference
+from .objects import _reference, by_reference, class_by_reference, new_instance, new_instance_ex
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,6 +72,58 @@ class HiddenWrapper(TargetWrapper):
         return type(self)
 
 
+class _ClassReference:
+    """Stands for a wrapped class inside the pickle of one of its instances: pickle saves a class
+    by its name, which finds the wrapper, not the class ("not the same object"); this pickles as
+    ``class_by_reference(module, qualname)``. One per class, so a pickle holds it once."""
+
+    __slots__ = ("cls", "target")
+
+    def __init__(self, cls: type, target: tuple[str, str]) -> None:
+        self.cls, self.target = cls, target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return class_by_reference, self.target
+
+    def __deepcopy__(self, memo: Any) -> type:  # copy.deepcopy of an instance: the class itself
+        return self.cls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # copy.copy: not copied, called
+        return self.cls(*args, **kwargs)
+
+
+class _InstanceReducer:
+    """``copyreg`` reducer of the instances of one wrapped class (exactly that class: a subclass
+    has a name of its own). It is the instance's own reduce value with the class named by
+    reference (pickle, cloudpickle, multiprocessing and ``copy`` all read
+    ``copyreg.dispatch_table``)."""
+
+    __slots__ = ("cls", "ref")
+
+    def __init__(self, cls: type, target: tuple[str, str]) -> None:
+        self.cls, self.ref = cls, _ClassReference(cls, target)
+
+    def __call__(self, obj: Any) -> Any:
+        value = obj.__reduce_ex__(4)
+        if isinstance(value, str):
+            return value
+        func, args, *rest = value
+        name = getattr(func, "__name__", "")  # copyreg's, which typeshed does not list
+        if func is getattr(copyreg, name, None) and name in _NEW:
+            func = _NEW[name]
+        func = self.ref if func is self.cls else func
+        args = tuple(self.ref if a is self.cls else a for a in args)
+        return (func, args, *rest)
+
+
+_NEW = {"__newobj__": new_instance, "__newobj_ex__": new_instance_ex}
+
+
+def _instances_by_reference(cls: type, target: tuple[str, str]) -> None:
+    if cls not in copyreg.dispatch_table:  # a reducer of its own (or ours: a second wrap) stays
+        copyreg.pickle(cls, _InstanceReducer(cls, target))
+
+
 def wrap_object(obj: Any, wrapper: Any, module: str, qualname: str) -> Any:
     """``obj`` wrapped with ``wrapper`` (wrapt's convention), installed at ``module:qualname``;
     descriptor objects are wrapped inside, so the descriptor kind is kept."""
@@ -81,4 +135,6 @@ def wrap_object(obj: Any, wrapper: Any, module: str, qualname: str) -> Any:
     if isinstance(obj, property):
         assert obj.fget is not None
         return property(HiddenWrapper(obj.fget, wrapper, target), obj.fset, obj.fdel, obj.__doc__)
+    if isinstance(obj, type):  # its instances would name the wrapper as their class
+        _instances_by_reference(obj, target)
     return TargetWrapper(obj, wrapper, target)

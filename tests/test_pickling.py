@@ -5,11 +5,11 @@ spawn pickles the target. A wrap used to fail in the parent (``object proxy must
 __reduce_ex__()``) and a replacement pickled by the name of its patch file, a module only the
 parent has (``No module named 'importpatch._declared'`` in the child). Here every kind of
 installed object — wrapped and replaced functions, methods, staticmethods, classmethods, property
-getters, nested classes, added functions and methods, a replacement class and its instances, a
-replacement that receives the original — goes to real child processes (spawn and forkserver
-``Process`` targets and arguments, a spawn ``ProcessPoolExecutor``) with pickle and with
-cloudpickle, and the child must resolve *its own* patched object: the very object at the target
-in the child (identity), running the patched code.
+getters, nested classes, added functions and methods, a replacement class and its instances,
+instances of a wrapped class, a replacement that receives the original — goes to real child
+processes (spawn and forkserver ``Process`` targets and arguments, a spawn
+``ProcessPoolExecutor``) with pickle and with cloudpickle, and the child must resolve *its own*
+patched object: the very object at the target in the child (identity), running the patched code.
 """
 
 from __future__ import annotations
@@ -86,6 +86,14 @@ TARGET = {
                 return "orig:thing"
 
 
+        class Boxed:
+            def __init__(self, v):
+                self.v = v
+
+            def value(self):
+                return f"boxed:{self.v}"
+
+
         class Engine:
             @staticmethod
             def run(queue, objects):
@@ -156,6 +164,14 @@ PATCH = {"pk_patch.py": '''
     def deep_replaced(self, x):
         return f"patched:{x}"
 
+    # A wrapped class: its instances name the class by reference, not by a name that finds the
+    # wrapper ("not the same object as pk.m.Boxed").
+    @p.wrap("pk.m:Boxed")
+    def construct(wrapped, instance, args, kwargs):
+        obj = wrapped(*args, **kwargs)
+        obj.v = f"wrapped-{obj.v}"
+        return obj
+
     @p.add("pk.m:added")
     def added(x):
         return f"patched-added:{x}"
@@ -217,6 +233,7 @@ def objects():
         ("C.added_method", m.C.added_method, (c, 1)),
         ("Thing", m.Thing, ()),
         (None, m.Thing(), None),
+        (None, m.Boxed(1), None),
     ]
 '''
 
@@ -240,6 +257,7 @@ EXPECTED = [
     ["C.added_method", "patched-added-method:1", True],
     ["Thing", "instance of pk.m:Thing", True],
     [None, "patched:thing", None],
+    [None, "boxed:wrapped-1", None],
 ]
 
 
