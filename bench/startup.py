@@ -60,6 +60,26 @@ def write_patches(folder: Path) -> list[str]:
     return names
 
 
+def instructions(python: Path, env: dict[str, str]) -> int | None:
+    """Instructions `python -c pass` executes (valgrind's callgrind, ``I refs``): deterministic,
+    so the small difference a .pth line makes is seen on a noisy machine. None without valgrind."""
+    import re
+    import subprocess
+
+    if shutil.which("valgrind") is None:
+        return None
+    counts = []
+    for _ in range(3):
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), "-c",
+             "pass"], env=env, capture_output=True, text=True, check=True)
+        m = re.search(r"refs:\s*([\d,]+)", proc.stderr)
+        if m is None:
+            return None
+        counts.append(int(m.group(1).replace(",", "")))
+    return sorted(counts)[1]
+
+
 def run(scale: float = 1.0) -> list[Row]:
     wheel = project_wheel()
     bare = venv("startup-bare", *DEPS)
@@ -95,6 +115,16 @@ def run(scale: float = 1.0) -> list[Row]:
         f"{ms(median(s['floor']['wall']))}", f"{text}; floor {vs_absent('floor')[1]}",
         "<= 1.01", ratio <= 1.01,
     ))
+    counts = {k: instructions(v.python, base) for k, v in
+              (("absent", bare), ("installed", with_wheel), ("floor", floor))}
+    if all(counts.values()):
+        a_i, i_i, f_i = (counts[k] or 0 for k in ("absent", "installed", "floor"))
+        rows.append(Row(
+            "same, instructions (valgrind callgrind, median of 3; deterministic)",
+            f"absent {a_i:,}", f"installed {i_i:,}, floor {f_i:,}",
+            f"{i_i / a_i:.4f} (+{i_i - a_i:,}); floor {f_i / a_i:.4f} (+{f_i - a_i:,})",
+            "<= 1.01", i_i / a_i <= 1.01,
+        ))
     # A PYTHONPATH folder can gain a patch package without changing the site folder: there the
     # stamp is not used and every process checks the index.
     extra = BENCH_DIR / "startup" / "pythonpath"

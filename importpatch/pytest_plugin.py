@@ -11,9 +11,11 @@ patches enabled and its own events folder::
         assert [e["patch"] for e in r.applied] == ["my-patch"]
 
 ``.events`` holds the events of that process and of every process it started (they inherit
-``IMPORTPATCH_EVENTS_DIR``), oldest first. Where ``importpatch.pth`` is not installed for
-``sys.executable`` (a checkout on ``PYTHONPATH``), the snippet's driver installs the hook itself
-before the snippet runs; processes the snippet starts are then not patched.
+``IMPORTPATCH_EVENTS_DIR``), oldest first; ``.processes`` the ``started`` line of each process
+where the hook was active (``importpatch status`` draws the tree from them). Where
+``importpatch.pth`` is not installed for ``sys.executable`` (a checkout on ``PYTHONPATH``), the
+snippet's driver installs the hook itself before the snippet runs; processes the snippet starts
+are then not patched.
 
 ``assert_applies_cleanly(name, against=None)`` runs ``importpatch check`` in this process
 (nothing is imported) and fails with the report when the patch would not apply.
@@ -54,6 +56,7 @@ class RunResult:
     stderr: str
     result: Any
     events: list[dict[str, Any]]
+    processes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def applied(self) -> list[dict[str, Any]]:
@@ -61,11 +64,18 @@ class RunResult:
 
 
 def read_events(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every event in ``folder`` (all processes), oldest first; a line that is not an event
-    raises (the processes have finished)."""
+    """Every patch event in ``folder`` (all processes), oldest first; a line that is not an event
+    raises (the processes have finished). The ``started`` lines are ``read_processes``'."""
     from .events import read
 
-    return read(folder, strict=True)[0]
+    return [e for e in read(folder, strict=True)[0] if e["outcome"] != "started"]
+
+
+def read_processes(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The ``started`` line of every process where the hook was active, oldest first."""
+    from .events import read
+
+    return [e for e in read(folder, strict=True)[0] if e["outcome"] == "started"]
 
 
 def _child_env(
@@ -126,7 +136,8 @@ def importpatch_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., R
         result = None
         if result_file.exists():
             result = json.loads(result_file.read_text(encoding="utf-8"))
-        return RunResult(proc.returncode, proc.stdout, proc.stderr, result, read_events(events_dir))
+        return RunResult(proc.returncode, proc.stdout, proc.stderr, result, read_events(events_dir),
+                         read_processes(events_dir))
 
     return run
 

@@ -573,8 +573,16 @@ def test_status_shows_each_process_and_its_patch_events_as_a_tree(
     data = ip_json(wheel_venv, "status", "--events-dir", events)
     (root,) = data["processes"]
     assert root["argv"][-1].endswith("parent.py") and root["parent_seen"] is False
-    assert len(root["children"]) == 2
-    for proc_row in (root, *root["children"]):
+    # Every process where the hook was active is in the tree: multiprocessing's resource tracker
+    # too, which applied nothing (it never imports spkg.mod).
+    applying = [c for c in root["children"]
+                if any(e["outcome"] == "applied" for e in c["events"])]
+    idle = [c for c in root["children"] if c not in applying]
+    assert len(applying) == 2
+    tracker = "from multiprocessing.resource_tracker import main;main(3)"
+    assert [c["argv"][-1] for c in idle] == [tracker]
+    assert [e["outcome"] for e in idle[0]["events"]] == ["started"]
+    for proc_row in (root, *applying):
         assert [(e["outcome"], e["patch"], e["target"]) for e in proc_row["events"]
                 if e["outcome"] != "started"] == [("applied", "wrap-f", "spkg.mod:f")]
     for child in root["children"]:
@@ -584,11 +592,12 @@ def test_status_shows_each_process_and_its_patch_events_as_a_tree(
     human = ip(wheel_venv, "status", env={"IMPORTPATCH_EVENTS_DIR": str(events)})
     assert human.returncode == 0, human.stderr
     lines = human.stdout.splitlines()
-    assert lines[0].endswith("3 process(es), 3 event(s)")
+    assert lines[0].endswith("4 process(es), 3 event(s)")
     assert lines[1].startswith(f"pid {root['pid']} on ")
     child_lines = [line for line in lines if line.startswith("    pid ")]
-    assert len(child_lines) == 2
-    assert "wrap-f: applied in 3 of 3 process(es)" in human.stdout
+    assert len(child_lines) == 3
+    assert "nothing applied here; hook active (1 patch(es) on: wrap-f)" in human.stdout
+    assert "wrap-f: applied in 3 of 4 process(es)" in human.stdout
     assert_fits(human.stdout)
 
 

@@ -51,6 +51,7 @@ def test_events_of_child_processes_are_collected(importpatch_run):
     pids = [e["pid"] for e in r.events]
     assert len(pids) == 2 and pids[0] == r.result != pids[1]
     assert r.events[1]["ppid"] == r.result
+    assert sorted(p["pid"] for p in r.processes) == sorted(pids)  # both had the hook active
 
 
 def test_patch_not_enabled_leaves_the_module_alone(importpatch_run):

