@@ -1,15 +1,21 @@
 """Per-call cost of patched functions, in one child process of the wheel venv.
 
-The target module ``callpkg.m`` has four identical functions ``def fN(x): return x``; the
-``.pth`` hook patches two of them at import: ``f_wrapped`` with ``Patch.wrap`` (a wrapper that
-calls through, wrapt's convention) and ``f_replaced`` with ``Patch.replace`` (an identical
-function). Anchors in the same process: ``f_mp`` monkeypatched after import with a plain
-closure wrapper, and ``f_wrapt`` wrapped with ``wrapt.wrap_function_wrapper`` (what wrapt's
-post-import hooks install). Timing: ``timeit`` of ``m.fN(1)``, the variants interleaved for
-``reps`` rounds; per round the best of 3 loops; medians of the rounds.
+The target module ``callpkg.m`` has identical functions ``def fN(x, y=2): return x``; the
+``.pth`` hook patches some at import: ``f_wrapped`` with ``Patch.wrap`` (a wrapper that calls
+through, wrapt's convention), ``f_replaced`` with ``Patch.replace`` (an identical function),
+``f_original`` with ``Patch.replace(original=True)`` (a replacement that calls the original it
+receives), ``f_bind`` with a wrap that reads an argument by name through ``importpatch.bind``
+before calling through, and ``f_inspect`` with a wrap that does the same with
+``inspect.signature(wrapped).bind`` (the usual way; signature cached per wrapped object would be
+faster, but then every wrap must cache it). Anchors in the same process: ``f_mp`` monkeypatched
+after import with a plain closure wrapper, and ``f_wrapt`` wrapped with
+``wrapt.wrap_function_wrapper`` (what wrapt's post-import hooks install). Timing: ``timeit`` of
+``m.fN(1)``, the variants interleaved for ``reps`` rounds; per round the best of 3 loops;
+medians of the rounds.
 
 Goals: wrap overhead (wrapped - plain) <= 1 us per call; replace overhead (replaced - plain) 0,
-the replacement *is* the module attribute (checked), so the difference is measurement noise.
+the replacement *is* the module attribute (checked), so the difference is measurement noise;
+``original=True`` about a closure (one Python call); ``bind`` well below ``inspect``'s bind.
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ import subprocess
 
 from _common import BENCH_DIR, Row, clean_env, log, project_wheel, venv
 
-TARGET = "".join(f"def {n}(x):\n    return x\n\n\n" for n in
-                 ("f_plain", "f_wrapped", "f_replaced", "f_mp", "f_wrapt"))
+NAMES = ["f_plain", "f_wrapped", "f_replaced", "f_original", "f_bind", "f_inspect", "f_mp",
+         "f_wrapt"]
+TARGET = "".join(f"def {n}(x, y=2):\n    return x\n\n\n" for n in NAMES)
 
 PATCH = """\
+import inspect
+
+import importpatch
 from importpatch import Patch
 
 p = Patch("bench-calls")
@@ -35,18 +45,37 @@ def through(wrapped, instance, args, kwargs):
 
 
 @p.replace("callpkg.m:f_replaced")
-def f_replaced(x):
+def f_replaced(x, y=2):
     return x
+
+
+@p.replace("callpkg.m:f_original", original=True)
+def f_original(original, x, y=2):
+    return original(x, y)
+
+
+@p.wrap("callpkg.m:f_bind")
+def by_name(wrapped, instance, args, kwargs):
+    importpatch.bind(wrapped, args, kwargs).arguments["y"]
+    return wrapped(*args, **kwargs)
+
+
+@p.wrap("callpkg.m:f_inspect")
+def by_inspect(wrapped, instance, args, kwargs):
+    bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    bound.apply_defaults()
+    bound.arguments["y"]
+    return wrapped(*args, **kwargs)
 """
 
-CHILD = """\
+CHILD = f"NAMES = {NAMES!r}\n" + """\
 import json, statistics, sys, timeit
 import wrapt
 import callpkg.m as m
-declared = "importpatch._declared.calls_"
-replacement = next(v for k, v in sys.modules.items() if k.startswith(declared))
-assert m.f_replaced is replacement.f_replaced, "replace must bind the replacement itself"
-assert type(m.f_wrapped).__name__ == "FunctionWrapper"
+# replace binds the replacement itself: the patch file's function, no wrapper around it
+assert type(m.f_replaced) is type(m.f_plain), "replace must bind the replacement itself"
+assert m.f_replaced.__code__.co_filename.endswith("calls.py"), m.f_replaced.__code__
+assert type(m.f_wrapped).__name__ == "TargetWrapper"  # wrapt's FunctionWrapper, picklable
 orig = m.f_mp
 def f_mp(*args, **kwargs):
     return orig(*args, **kwargs)
@@ -54,7 +83,7 @@ m.f_mp = f_mp
 def through(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 wrapt.wrap_function_wrapper(m, "f_wrapt", through)
-names = ["f_plain", "f_wrapped", "f_replaced", "f_mp", "f_wrapt"]
+names = NAMES
 timers = {n: timeit.Timer(f"m.{n}(1)", globals={"m": m}) for n in names}
 number = int(sys.argv[1])
 res = {n: [] for n in names}
@@ -80,7 +109,7 @@ def run(scale: float = 1.0) -> list[Row]:
         "IMPORTPATCH_ENABLE": "bench-calls", "IMPORTPATCH_CACHE_DIR": str(work / "cache"),
     })
     rounds = max(5, int(30 * scale))
-    log(f"call overhead: {rounds} interleaved rounds of 5 variants x 3 x 200k calls")
+    log(f"call overhead: {rounds} interleaved rounds of {len(NAMES)} variants x 3 x 200k calls")
     out = subprocess.run([str(py), "-c", CHILD, "200000", str(rounds)], env=env,
                          capture_output=True, text=True, check=True, timeout=1200)
     t = json.loads(out.stdout)
@@ -99,6 +128,14 @@ def run(scale: float = 1.0) -> list[Row]:
         Row("replace patch: overhead per call (the attribute is the replacement)",
             f"plain {ns('f_plain')}", f"replaced {ns('f_replaced')}",
             f"{over('f_replaced') * 1e9:+.1f} ns (noise)", "0", abs(over("f_replaced")) < 5e-9),
+        Row("replace(original=True): overhead per call (the stand-in calls the replacement)",
+            f"plain {ns('f_plain')}", f"original=True {ns('f_original')}",
+            f"+{over('f_original') * 1e9:.0f} ns", "about a closure", None),
+        Row("importpatch.bind in a wrap: cost per call over the plain wrap",
+            f"wrapped {ns('f_wrapped')}", f"bind {ns('f_bind')}",
+            f"+{(t['f_bind'] - t['f_wrapped']) * 1e9:.0f} ns "
+            f"(inspect: +{(t['f_inspect'] - t['f_wrapped']) * 1e9:.0f} ns)",
+            "< inspect's", t["f_bind"] < t["f_inspect"]),
         Row("anchor: monkeypatch with a closure wrapper", f"plain {ns('f_plain')}",
             f"closure {ns('f_mp')}", f"+{over('f_mp') * 1e9:.0f} ns", "anchor", None),
         Row("anchor: wrapt.wrap_function_wrapper (wrapt post-import hook style)",

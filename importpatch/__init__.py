@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 __all__ = [
-    "Patch", "PatchError", "DeclarationError", "enable", "disable", "applied",
+    "Patch", "PatchError", "DeclarationError", "enable", "disable", "applied", "bind",
 ]
 
 TYPE_CHECKING = False
@@ -16,10 +16,11 @@ if TYPE_CHECKING:
 
     from .declare import DeclarationError, Patch
     from .errors import PatchError
+    from .objects import bind
 
 _LAZY = {
     "Patch": "declare", "DeclarationError": "declare", "PatchError": "errors",
-    "applied": "events",
+    "applied": "events", "bind": "objects",
 }
 
 

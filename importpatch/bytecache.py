@@ -231,6 +231,10 @@ def op_fingerprint(op: Op) -> bytes | None:
     if op.kind == "diff":
         assert op.file_patch is not None
         return repr(op.file_patch.hunks).encode()
+    if op.kind == "field":  # the inserted text; a default that is not a literal is looked up
+        from .fields import fingerprint
+
+        return fingerprint(op)
     # A transform may use anything its module defines: the whole text of the defining file, which
     # function of it, and the values in its closure and defaults. Code in *other* files that it
     # calls is not seen (see the module docstring).
@@ -312,10 +316,10 @@ def key(
 
     from . import __version__
 
-    # Same order as transforms.patch_text: diffs by patch name, then transforms by patch name.
+    # Same order as transforms.patch_text: diffs, transforms, fields, each by patch name.
+    rank = {"diff": 0, "transform": 1, "field": 2}
     code_ops = sorted(
-        (op for op in ops if op.kind in ("diff", "transform")),
-        key=lambda op: (op.kind != "diff", op.patch.name),
+        (op for op in ops if op.kind in rank), key=lambda op: (rank[op.kind], op.patch.name),
     )
     material = [
         FORMAT, MAGIC_NUMBER, str(sys.flags.optimize).encode(), __version__.encode(),

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
-from .declare import ADD, CODE_KINDS, DIFF, REPLACE, SET, TRANSFORM
+from .declare import ADD, CODE_KINDS, DIFF, FIELD, REPLACE, SET, TRANSFORM, WRAP
 from .finder import declared
 from .finder import decode_source as _decode
 
@@ -452,6 +452,9 @@ class OpResult:
     candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     hunks: list[HunkResult] | None = None
     symbol: SymbolResult | None = None
+    order: int | None = None  # a wrap's order
+    decorated: bool | None = None  # replace / wrap: on the decorated result
+    chain: dict[str, Any] | None = None  # replace / wrap of an active patch: landing.link
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -498,6 +501,7 @@ class Report:
     against: Source
     patches: list[PatchResult]
     conflicts: list[dict[str, Any]]
+    chains: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -510,6 +514,7 @@ class Report:
                         "dists": [{"name": d.name, "version": d.version} for d in src.dists]},
             "patches": [p.to_json() for p in self.patches],
             "conflicts": self.conflicts,
+            "chains": self.chains,
             "exit_status": self.exit_status,
         }
 
@@ -556,12 +561,14 @@ class _Checker:
 
     def op(self, op: declare.Op) -> OpResult:
         result = OpResult(op.kind, op.target)
+        if op.kind in (REPLACE, WRAP):
+            result.order, result.decorated = op.order, op.decorated
         if not self.resolve(op, result):
             return result
         assert result.file is not None and result.module is not None
         if op.kind == DIFF:
             self.diff(op, result)
-        elif op.kind == TRANSFORM:
+        elif op.kind in (TRANSFORM, FIELD):
             self.transform(op, result)
         else:
             self.symbol(op, result)
@@ -615,9 +622,15 @@ class _Checker:
         assert result.file is not None and result.module is not None
         try:
             transforms.patch_text(result.module, result.file, self.source.text(result.file), [op])
-            result.detail = "the transform runs and its result compiles"
         except PatchError as exc:
             result.status, result.detail = FAIL, exc.what
+            return
+        if op.kind == FIELD:
+            from .fields import describe
+
+            result.detail = describe(op, result.module)
+        else:
+            result.detail = "the transform runs and its result compiles"
 
     def symbol(self, op: declare.Op, result: OpResult) -> None:
         from . import bindings
@@ -644,6 +657,13 @@ class _Checker:
             elif v.state == bindings.BOUND:
                 result.status = FAIL
                 result.detail = f"{op.qualname} already exists ({where}); use replace"
+            elif owner and _is_plain_value(op.obj) and (why_fields := _collects_fields(
+                    tree, owner)):
+                result.status = WARN
+                result.detail = (
+                    f"{why_fields}: its fields are collected when the class is built, and add "
+                    "sets the attribute afterwards (a class attribute, not a field); to add a "
+                    f"field use patch.field({op.target!r}, annotation, default)")
             elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is free"
             else:
@@ -666,6 +686,19 @@ class _Checker:
             result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
         else:
             result.status, result.detail = WARN, v.why
+
+
+def _is_plain_value(obj: Any) -> bool:
+    """An added value that is neither a function nor a descriptor nor a class (a would-be
+    field), as opposed to a method a class can take after it was built."""
+    return not (callable(obj) or hasattr(type(obj), "__get__"))
+
+
+def _collects_fields(tree: ast.Module, owner: str) -> str:
+    from .fields import class_nodes, collects_fields
+
+    return next((why for cls in class_nodes(tree, owner) if (why := collects_fields(tree, cls))),
+                "")
 
 
 def run(
@@ -711,7 +744,37 @@ def _run(
         results.append(result)
         patch_ops[entry.name] = pairs
     conflicts = _conflicts(results, patch_ops, src)
-    return Report(src, results, conflicts)
+    active = [(op, res.module) for r in results if r.active
+              for op, res in patch_ops[r.name] if res.module is not None]
+    link_of: dict[int, dict[str, Any]] = {}
+    chains = chains_of(active, link_of)
+    for r in results:
+        for op, res in patch_ops[r.name]:
+            res.chain = link_of.get(id(op))
+    return Report(src, results, conflicts, chains)
+
+
+def chains_of(ops: Iterable[tuple[declare.Op, str]],
+              link_of: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per target (module, qualname) of replace and wrap operations, the effective chain,
+    innermost first (``landing.chain``, the order the loader applies them in):
+    ``[{"target", "module", "qualname", "links": [landing.link]}]``, and each op's link in
+    ``link_of`` (by id). Used by ``check`` and ``list``."""
+    from .landing import chain, link
+
+    groups: dict[tuple[str, str], list[declare.Op]] = {}
+    for op, module in ops:
+        if op.kind in (REPLACE, WRAP) and op.qualname:
+            groups.setdefault((module, op.qualname), []).append(op)
+    out = []
+    for (module, qual), group in sorted(groups.items()):
+        ordered = chain(group)
+        links = [link(op, i, len(ordered)) for i, op in enumerate(ordered, 1)]
+        if link_of is not None:
+            link_of.update((id(op), lk) for op, lk in zip(ordered, links, strict=True))
+        out.append({"target": f"{module}:{qual}", "module": module, "qualname": qual,
+                    "links": links})
+    return out
 
 
 def _module_file(entry: Any) -> str | None:

@@ -24,8 +24,13 @@ list:   {"patches": [{"name", "kinds": [str], "targets": [str],
                       "origin": "builtin"|"folder"|"entry-point"|"api", "source",
                       "enabled": bool, "why", "default": bool, "requires": [str],
                       "requirement_ok": bool, "requirement", "doc", "error": str|null,
-                      "declared_in": [str]}],
-         "problems": [str]}
+                      "declared_in": [str], "ops": [{"kind", "target", "order": int,
+                      "decorated": bool, "original": bool}]}],
+         "chains": [CHAIN], "problems": [str]}
+         CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace and
+                 wrap operations of one target, innermost first)
+         LINK = {"position": int, "length": int, "patch", "kind": "replace"|"wrap", "order": int,
+                 "decorated": bool, "original": true (only when set)}
 check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages", "path", "label",
                      "dists": [{"name", "version"}]},
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
@@ -42,17 +47,20 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                                                  "nearest_score", "detail",
                                                  "verdict": "applies"|"fails"|"already-applied",
                                                  "kind": str|null, "fit": int|null}],
-                               "symbol": null | {"qualname", "found": bool, "kind", "line"}}]}],
+                               "symbol": null | {"qualname", "found": bool, "kind", "line"},
+                               "order": int|null, "decorated": bool|null,
+                               "chain": LINK|null}]}],
          "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
-         "exit_status": 0|1}
+         "chains": [CHAIN] (active patches), "exit_status": 0|1}
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
          "failed": int, "processes": int}}, "bad_lines": int}
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
                  "ray_node": "ip:port" of a Ray worker's node, else null,
-                 "events": [{"time", "outcome", "patch", "target", "how", "detail"}],
-                 "children": [PROC]}
+                 "events": [{"time", "outcome", "patch", "target", "how", "detail",
+                             "chain": LINK|null}],
+                 "chains": [{"target", "links": [LINK + {"how"}]}], "children": [PROC]}
 edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
          "kept": bool, "patched": bool}]}
 save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
@@ -155,23 +163,32 @@ def cmd_list(args: argparse.Namespace) -> int:
     for e in entries:
         declared_in.setdefault(e.name, []).append(e.source)
     rows: list[dict[str, Any]] = []
+    enabled_ops: list[tuple[Any, str]] = []
     for e in entries:
         on, why = toggles.decide_entry(e)
         req_ok, req = versions.check(e.requires or (), installed.version)
+        ops = _object_ops(e)
         rows.append({
             "name": e.name, "kinds": list(e.kinds or ()), "targets": list(e.targets or ()),
             "origin": e.origin, "source": e.source, "enabled": on, "why": why,
             "default": bool(e.default), "requires": list(e.requires or ()),
             "requirement_ok": req_ok, "requirement": req, "doc": e.doc or "", "error": e.error,
             "declared_in": declared_in[e.name],
+            "ops": [{"kind": op.kind, "target": op.target, "order": op.order,
+                     "decorated": op.decorated, "original": op.original} for op in ops],
         })
+        if on and req_ok:
+            # The module the finder would patch: the first candidate that exists here.
+            enabled_ops += [(op, next((m for m in op.modules if installed.find(m)),
+                                      op.modules[0])) for op in ops]
+    chains = check.chains_of(enabled_ops)
     problems = list(toggles.problems)
     problems += [
         f"patch name {name!r} is declared {len(srcs)} times: {', '.join(srcs)}"
         for name, srcs in declared_in.items() if len(srcs) > 1
     ]
     if args.json:
-        emit_json({"patches": rows, "problems": problems})
+        emit_json({"patches": rows, "chains": chains, "problems": problems})
         return 0
     style = Style(sys.stdout)
     on_count = sum(r["enabled"] for r in rows)
@@ -182,7 +199,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         if r["doc"]:
             lines.append(f"    summary   {r['doc'].strip().splitlines()[0]}")
         lines.append(f"    kinds     {', '.join(r['kinds']) or '-'}")
-        lines += [f"    target    {t}" for t in r["targets"]]
+        orders = {o["target"]: o["order"] for o in r["ops"] if o["kind"] == "wrap" and o["order"]}
+        lines += [f"    target    {t}" + (f" (wrap order {orders[t]})" if t in orders else "")
+                  for t in r["targets"]]
         lines.append(f"    source    {ORIGINS.get(r['origin'], r['origin'])}: {r['source']}")
         if r["requires"]:
             req = "; ".join(r["requires"])
@@ -190,9 +209,24 @@ def cmd_list(args: argparse.Namespace) -> int:
             lines.append(f"    requires  {req}: {verdict}: {_reason(r['requirement'], req)}")
         if r["error"]:
             lines.append(f"    {style.status('fail', 'error')}     {r['error']}")
+    lines += chain_lines(chains, "of the enabled patches")
     lines += [f"problem: {p}" for p in problems]
     emit(lines)
     return 0
+
+
+def _object_ops(entry: Any) -> list[Any]:
+    """The replace / wrap / add operations of a patch (its declaration runs, once per process);
+    none when it does not load (the row's error says why)."""
+    from . import catalog
+
+    if entry.error or not {"replace", "wrap", "add"} & set(entry.kinds or ()):
+        return []
+    try:
+        patch = catalog.load_patch(entry)
+    except Exception:
+        return []
+    return [op for op in patch.ops if op.kind in ("replace", "wrap", "add")]
 
 
 def _reason(text: str, requires: str) -> str:
@@ -216,6 +250,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         lines += [""] + check_lines(p, style)
     if report.conflicts:
         lines += [""] + [f"conflict: {c['detail']}" for c in report.conflicts]
+    lines += chain_lines(report.chains, "of the enabled and named patches")
     counts: dict[str, int] = {}
     for p in report.patches:
         counts[p.status] = counts.get(p.status, 0) + 1
@@ -248,11 +283,43 @@ def check_lines(p: Any, style: Style) -> list[str]:
             lines.append(f"{pad}-> {op.module} (candidate {i} of {len(op.candidates)})")
         if op.detail:
             lines.append(f"{pad}{op.detail}")
+        if op.chain is not None and op.chain["length"] > 1:
+            lines.append(f"{pad}{link_text(op.chain)}")
+        elif op.kind == "wrap" and op.order:
+            lines.append(f"{pad}order {op.order}")
         for h in op.hunks or ():
             if not h.applied:  # the words are diffs.HunkMismatch.describe()'s, as at import
                 lines.append(f"{pad}hunk #{h.index} {h.header.split('@@')[1].strip()} {h.detail}")
     if p.suggestion:
         lines.append(f"    {'hint':10}      {p.suggestion}")
+    return lines
+
+
+def link_text(link: dict[str, Any]) -> str:
+    """``position 2 of 3 in its target's chain (innermost first), order -10``."""
+    text = f"position {link['position']} of {link['length']} in its target's chain " \
+           "(innermost first)"
+    if link["kind"] == "wrap":
+        text += f", order {link['order']}"
+    return text + (", decorated=True" if link["decorated"] else "")
+
+
+def chain_lines(chains: Sequence[dict[str, Any]], whose: str) -> list[str]:
+    """The chains of targets with more than one replace / wrap, innermost first."""
+    lines: list[str] = []
+    for c in chains:
+        if len(c["links"]) < 2:
+            continue
+        lines += ["", f"chain of {c['target']} ({whose}), innermost first:"]
+        undecorated = not c["links"][0]["decorated"]
+        for link in c["links"]:
+            if link["decorated"] and undecorated:
+                lines.append("       (the original's decorators)")
+                undecorated = False
+            order = f" (order {link['order']})" if link["kind"] == "wrap" else ""
+            original = " (original=True)" if link.get("original") else ""
+            lines.append(f"    {link['position']}. {link['kind']:8} {link['patch']}{order}"
+                         f"{original}")
     return lines
 
 
@@ -518,16 +585,40 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
             continue
         fields["ray_node"] = ray_node(argv)
         event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": ev["time"]}
+        event["chain"] = ev.get("chain") if isinstance(ev.get("chain"), dict) else None
         proc = procs.setdefault(key, {
             "host": key[0], "pid": key[1], **fields, "parent_seen": False,
-            "events": [], "children": [],
+            "events": [], "children": [], "chains": [],
         })
         proc["events"].append(event)
         if argv != proc["argv"]:  # it exec'd another program (Ray: setup_worker, default_worker)
             proc["argv"], proc["ray_node"] = argv, fields["ray_node"]
         if fields["process"]:  # a multiprocessing child's first line may predate its name
             proc["process"] = fields["process"]
+    for proc in procs.values():
+        proc["chains"] = event_chains(proc["events"])
     return procs, bad
+
+
+def event_chains(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A process's chains, from its applied events' ``chain`` links: per target with more than
+    one replace / wrap, ``{"target", "links": [link + {"how"}]}``, innermost first (a reload
+    records its links again: the last event of each position wins)."""
+    by_target: dict[str, dict[int, dict[str, Any]]] = {}
+    for ev in events:
+        link = ev.get("chain")
+        if ev["outcome"] != "applied" or not link:
+            continue
+        try:
+            position, length = int(link["position"]), int(link["length"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if length < 2:
+            continue
+        links = by_target.setdefault(ev["target"], {})
+        links[position] = {**link, "patch": ev["patch"], "how": ev["how"]}
+    return [{"target": target, "links": [links[p] for p in sorted(links)]}
+            for target, links in by_target.items()]
 
 
 def ray_node(argv: Sequence[str]) -> str | None:
@@ -589,7 +680,16 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
         text = f"{indent}  {outcome} {ev['patch']} -> {ev['target']} ({ev['how']})"
         if ev["detail"]:
             text += f": {ev['detail']}"
+        link = ev.get("chain")
+        if link and link.get("length", 1) > 1:
+            text += f" [{link['position']} of {link['length']}"
+            text += f", order {link['order']}]" if link.get("kind") == "wrap" else "]"
         lines.append(text)
+    for c in proc.get("chains", ()):
+        steps = " < ".join(
+            f"{lk['kind']} {lk['patch']}" + (f" ({lk['order']})" if lk["kind"] == "wrap" else "")
+            for lk in c["links"])
+        lines.append(f"{indent}  chain {c['target']}: {steps}")
     for child in proc["children"]:
         lines += _proc_lines(child, depth + 1, style)
     return lines

@@ -31,12 +31,13 @@ if TYPE_CHECKING:
 
 _MISSING: Any = object()
 
-# Kinds of operation. replace/wrap/add bind Python objects at the definition site; diff and
-# transform change the module's source / tree before it is compiled. set (importpatch.compat's
-# VLLMPatch) is ``setattr`` at the definition site: replace when the name exists, add when not.
-REPLACE, WRAP, ADD, DIFF, TRANSFORM = "replace", "wrap", "add", "diff", "transform"
+# Kinds of operation. replace/wrap/add bind Python objects at the definition site; diff,
+# transform and field change the module's source / tree before it is compiled. set
+# (importpatch.compat's VLLMPatch) is ``setattr`` at the definition site: replace when the name
+# exists, add when not.
+REPLACE, WRAP, ADD, DIFF, TRANSFORM, FIELD = "replace", "wrap", "add", "diff", "transform", "field"
 SET = "set"
-CODE_KINDS = (DIFF, TRANSFORM)
+CODE_KINDS = (DIFF, TRANSFORM, FIELD)
 
 
 class DeclarationError(ValueError):
@@ -60,7 +61,8 @@ def parse_target(target: str) -> tuple[tuple[str, ...], str]:
 class Op:
     """One operation of a patch on one target."""
 
-    __slots__ = ("patch", "kind", "modules", "qualname", "obj", "decorated", "order", "file_patch")
+    __slots__ = ("patch", "kind", "modules", "qualname", "obj", "decorated", "order", "file_patch",
+                 "original", "annotation", "existing")
 
     def __init__(
         self,
@@ -72,6 +74,10 @@ class Op:
         decorated: bool = False,
         order: int = 0,
         file_patch: FilePatch | None = None,
+        *,
+        original: bool = False,
+        annotation: str | None = None,
+        existing: bool = False,
     ) -> None:
         self.patch = patch
         self.kind = kind
@@ -81,6 +87,9 @@ class Op:
         self.decorated = decorated
         self.order = order
         self.file_patch = file_patch
+        self.original = original  # replace: the replacement receives the original first
+        self.annotation = annotation  # field: the annotation's text (None: none / keep it)
+        self.existing = existing  # field: change a member the class body already assigns
 
     @property
     def target(self) -> str:
@@ -130,6 +139,9 @@ class Patch:
         # The module that made it: late activation never re-binds names there (a patch file's
         # `_orig = m.f` must keep the original it saved).
         self.defined_in = _caller_module()
+        # Made while discovery ran its declaration (a patch file or package), not by application
+        # code: every process of the environment finds it the same way (see objects.name_home).
+        self.discovered = False
         _collect(self)
 
     def __repr__(self) -> str:
@@ -137,15 +149,19 @@ class Patch:
 
     # -- Python objects landed at the definition site ------------------------------------------
 
-    def replace(self, target: str, obj: Any = _MISSING, *, decorated: bool = False) -> Any:
+    def replace(
+        self, target: str, obj: Any = _MISSING, *, decorated: bool = False, original: bool = False
+    ) -> Any:
         """Replace a function, class, attribute, method, staticmethod, classmethod or property.
 
         By default (``decorated=False``) the replacement stands in for the *undecorated*
         definition: the original's decorators are then applied to it (a registry decorator or
         ``@triton.jit`` sees the replacement). ``decorated=True`` replaces the decorated result.
+        ``original=True``: the replacement is called with the original first,
+        ``replacement(original, *args, **kwargs)`` (a method's ``self`` comes after it).
         Usable as a decorator, or with the replacement object as second argument.
         """
-        return self._op(REPLACE, target, obj, decorated=decorated)
+        return self._op(REPLACE, target, obj, decorated=decorated, original=original)
 
     def wrap(
         self, target: str, wrapper: Any = _MISSING, *, decorated: bool = False, order: int = 0
@@ -159,13 +175,54 @@ class Patch:
         return self._op(WRAP, target, wrapper, decorated=decorated, order=order)
 
     def add(self, target: str, obj: Any = _MISSING) -> Any:
-        """Add a new attribute to a module or class (it must not exist there already)."""
+        """Add a new attribute to a module or class (it must not exist there already). On a class
+        it is set once the class is built: a *field* of a dataclass, ``msgspec.Struct``, pydantic
+        model, ``NamedTuple``, ``TypedDict`` or ``Enum`` needs ``field`` instead."""
         return self._op(ADD, target, obj, decorated=True)
 
-    def _op(self, kind: str, target: str, obj: Any, *, decorated: bool, order: int = 0) -> Any:
+    def field(
+        self, target: str, annotation: str | None = None, default: Any = _MISSING, *,
+        existing: bool = False,
+    ) -> None:
+        """Write a member into a class body before the class statement runs, so the class is
+        built with it: ``field("pkg.mod:Cls.name", "list[int] | None", None)`` inserts
+        ``name: list[int] | None = None`` (see ``importpatch.fields``). ``annotation`` is source
+        text (None: no annotation, e.g. an Enum member); ``default`` any object (omitted: an
+        annotation only). ``existing=True`` changes the default (and, when given, the annotation)
+        of a member the class body already assigns."""
+        import ast
+
+        modules, qual = parse_target(target)
+        if "." not in qual:
+            raise DeclarationError(f"patch {self.name}: field target {target!r} must name a "
+                                   "class member: 'package.module:Class.name'")
+        if annotation is not None:
+            try:
+                ast.parse(annotation.strip(), mode="eval")
+                if "\n" in annotation or "\r" in annotation:
+                    raise SyntaxError("a line break")
+                if _has_comment(annotation):
+                    raise SyntaxError("a comment")
+            except SyntaxError as exc:
+                raise DeclarationError(f"patch {self.name}: field {target}: annotation "
+                                       f"{annotation!r} is not one Python expression "
+                                       f"({exc.msg})") from None
+            annotation = annotation.strip()
+        if default is _MISSING and annotation is None:
+            raise DeclarationError(f"patch {self.name}: field {target}: give an annotation, a "
+                                   "default or both")
+        self.ops.append(Op(self, FIELD, modules, qual, default, annotation=annotation,
+                           existing=existing))
+
+    def _op(self, kind: str, target: str, obj: Any, *, decorated: bool, order: int = 0,
+            original: bool = False) -> Any:
         modules, qual = parse_target(target)
         def register(value: Any) -> Any:
-            self.ops.append(Op(self, kind, modules, qual, value, decorated=decorated, order=order))
+            if original and not callable(value):
+                raise DeclarationError(f"patch {self.name}: replace {target} with original=True "
+                                       f"needs a callable, not {type(value).__name__}")
+            self.ops.append(Op(self, kind, modules, qual, value, decorated=decorated, order=order,
+                               original=original))
             return value
 
         if obj is _MISSING:
@@ -328,6 +385,14 @@ def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
     return patch
 
 
+def _has_comment(text: str) -> bool:
+    import io
+    import tokenize
+
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return any(t.type == tokenize.COMMENT for t in tokens)
+
+
 def _caller_module() -> str | None:
     """The module whose code called ``Patch(...)`` (None when importpatch itself did)."""
     name = sys._getframe(2).f_globals.get("__name__")
@@ -347,6 +412,7 @@ _collectors: dict[int, list[list[Patch]]] = {}
 
 def _collect(patch: Patch) -> None:
     stack = _collectors.get(_thread.get_ident())
+    patch.discovered = bool(stack)
     (stack[-1] if stack else _registry).append(patch)
 
 

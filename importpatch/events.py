@@ -31,15 +31,21 @@ def _settings() -> tuple[bool, str | None]:
 
 
 def record(
-    outcome: str, patch: str, target: str, how: str, detail: str = "", *, level: int | None = None
+    outcome: str, patch: str, target: str, how: str, detail: str = "", *, level: int | None = None,
+    chain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
-    in-place, source-diff, transform, rebind, ..."""
+    in-place, source-diff, transform, rebind, ... ``chain``: a replace's or wrap's place among
+    the operations of its target (``landing.link``), kept as the event's ``chain`` key."""
     event = _event(outcome, patch, target, how, detail)
+    if chain is not None:
+        event["chain"] = chain
     _events.append(event)
     if level is None:  # logging's ERROR, INFO, DEBUG
         level = {"failed": 40, "skipped": 20}.get(outcome, 10)
     line = f"{outcome} {patch} to {target} ({how}) (pid {event['pid']})"
+    if chain is not None and chain["length"] > 1:
+        line += f" [{chain['position']} of {chain['length']} in its chain, innermost first]"
     if detail:
         line += f": {detail}"
     # Only where logging is in use: importing it (and socket, for the host name) was most of

@@ -317,7 +317,7 @@ class PatchLoader:
 
     def _build_with(self, origin: str, ops: list[Op]) -> Build:
         from . import bytecache, landing, publish
-        from .declare import CODE_KINDS
+        from .declare import CODE_KINDS, FIELD
         from .errors import PatchError
 
         raw = self.loader.get_data(origin)
@@ -327,6 +327,7 @@ class PatchLoader:
         qualnames = sorted({landing.site_of(op)[0] for op in object_ops} - {""})
         fact_quals = landing.fact_quals(object_ops)
         plan = landing.ModulePlan(self.fullname, object_ops, origin)
+        plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
@@ -381,6 +382,10 @@ class PatchLoader:
                 raise
         seen: set[tuple[str, str]] = set()
         for op in build.code_ops:
+            if op.kind == "field":  # one event per field, naming it
+                events.record("applied", op.patch.name, f"{self.fullname}:{op.qualname}",
+                              "class-body", "field")
+                continue
             if (op.patch.name, op.kind) in seen:
                 continue
             seen.add((op.patch.name, op.kind))

@@ -307,6 +307,8 @@ class ModulePlan:
         self.unseen: set[str] = set()  # targets with no landing site in the code
         self.finished = False
         self.after_exec: Callable[[dict[str, Any]], None] | None = None  # the loader's steps
+        self.named: set[int] = set()  # ids of installed objects given their target's names
+        self.values: dict[str, Any] = {}  # qualname -> default of a class-body field (fields.py)
 
     @property
     def module_adds(self) -> list[Op]:
@@ -402,6 +404,7 @@ class ModulePlan:
                 raise self.fail(PatchError(
                     op.patch.name, self.module, f"add {op.qualname}: already exists",
                     file=self.file))
+            _adopt(op, self.module)
             namespace[op.qualname] = op.obj
 
     # -- while it runs
@@ -428,6 +431,10 @@ class ModulePlan:
                     ops = stages.get("inner", []) + ops
                 result = self._apply(qual, self._live(ops), obj)
             if stage != "inner":
+                if type(result) in (property, classmethod):  # around what landed at 'inner'
+                    from .objects import settle
+
+                    result = settle(result, self.module, qual, self.named)
                 self.final[qual] = result
                 if any(self._live(o) for o in stages.values()):
                     self.landed.add(qual)
@@ -440,11 +447,26 @@ class ModulePlan:
 
     def _apply(self, qual: str, ops: list[Op], obj: Any) -> Any:
         """The one place that makes the object installed at a target from what is there."""
+        from . import objects
+
         for op in ops:
+            home = objects.name_home(op.patch)
             if op.kind == REPLACE:
-                obj = _same_descriptor(obj, op.obj)
+                if op.original:
+                    try:
+                        new = objects.stand_in(obj, op.obj, self.module, qual)
+                    except TypeError as exc:
+                        raise self.fail(PatchError(
+                            op.patch.name, self.module,
+                            f"replace {qual} with original=True: {exc}", file=self.file)) from None
+                    self.named.add(id(new))
+                else:
+                    new = op.obj
+                    objects.adopt_names(new, self.module, qual, home)
+                    self.named.add(id(new))
+                obj = _same_descriptor(obj, new)
             elif op.kind == WRAP:
-                obj = wrap_object(obj, op.obj)
+                obj = objects.wrap_object(obj, op.obj, self.module, qual)
             elif op.kind == ADD:
                 assert op.qualname is not None
                 attr = op.qualname.rpartition(".")[2]
@@ -454,6 +476,7 @@ class ModulePlan:
                         op.patch.name, self.module,
                         f"add {op.qualname}: {attr!r} already exists (use replace)",
                         file=self.file))
+                objects.adopt_names(op.obj, self.module, op.qualname, home)
                 setattr(obj, attr, op.obj)
             elif op.kind == SET:  # importpatch.compat: setattr, replacing or adding
                 assert op.qualname is not None
@@ -483,6 +506,7 @@ class ModulePlan:
         for op in self.module_adds:
             assert op.qualname is not None
             if op.patch.name in self.staged:
+                _adopt(op, self.module)
                 namespace[op.qualname] = op.obj
                 how_of[id(op)] = self._after_exec_how(op.patch.name, "")
             elif namespace.get(op.qualname) is not op.obj:
@@ -531,9 +555,10 @@ class ModulePlan:
                         op.patch.name, self.module,
                         f"add {op.qualname}: the module sets {attr!r} itself after the class "
                         "statement (use replace)", file=self.file))
+        links = chain_links(self.ops)
         for op in self.ops:
             events.record("applied", op.patch.name, f"{self.module}:{op.qualname}",
-                          how_of.get(id(op), "definition-site"), op.kind)
+                          how_of.get(id(op), "definition-site"), op.kind, chain=links.get(id(op)))
         self.finished = True
 
     def _after_exec_how(self, patch: str, qual: str) -> str:
@@ -596,6 +621,7 @@ class ModulePlan:
             owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
             adds = [o for o in here if o.kind in (ADD, SET)]
             for op in adds:
+                _adopt(op, self.module)
                 _set(owner, attr, op.obj)
             if adds and qual in self.sites:  # a module-level set: its copies are re-bound
                 self.final[qual] = adds[-1].obj
@@ -610,11 +636,16 @@ class ModulePlan:
                 current = rebuild(layers, self._apply(qual, inner, peel(layers, current)), owner,
                                   attr)
             current = self._apply(qual, outer, current)
+            if type(current) in (property, classmethod):
+                from .objects import settle
+
+                current = settle(current, self.module, qual, self.named)
             _set(owner, attr, current)
             self.final[qual] = current
+        links = chain_links(ops_ok)
         for op in ops_ok:
             events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", "in-place",
-                          op.kind)
+                          op.kind, chain=links.get(id(op)))
         self.finished = True
 
 
@@ -622,6 +653,35 @@ def _op_order(op: Op) -> tuple[int, int, str]:
     # replace first (innermost), then adds, then wraps by (order, patch name): deterministic.
     rank = {REPLACE: 0, ADD: 1, SET: 1, WRAP: 2}[op.kind]
     return (rank, op.order, op.patch.name)
+
+
+def chain(ops: Iterable[Op]) -> list[Op]:
+    """The replace and wrap operations of one target in the order they make the installed
+    object, innermost first: on the undecorated definition a replace, then wraps by (order, patch
+    name); then the original's decorators; then the ``decorated=True`` ones in the same order.
+    (The order ``ModulePlan`` applies them in: ``list``, ``check`` and events show this.)"""
+    return sorted((op for op in ops if op.kind in (REPLACE, WRAP)),
+                  key=lambda op: (op.decorated, _op_order(op)))
+
+
+def link(op: Op, position: int, length: int) -> dict[str, Any]:
+    """One operation's place in its target's chain (events, ``list``, ``check``)."""
+    return {"position": position, "length": length, "patch": op.patch.name, "kind": op.kind,
+            "order": op.order, "decorated": op.decorated,
+            **({"original": True} if op.original else {})}
+
+
+def chain_links(ops: Iterable[Op]) -> dict[int, dict[str, Any]]:
+    """id(op) -> ``link`` of every replace and wrap among ``ops``, per target qualname."""
+    by_qual: dict[str | None, list[Op]] = {}
+    for op in ops:
+        by_qual.setdefault(op.qualname, []).append(op)
+    out: dict[int, dict[str, Any]] = {}
+    for group in by_qual.values():
+        links = chain(group)
+        for i, op in enumerate(links, 1):
+            out[id(op)] = link(op, i, len(links))
+    return out
 
 
 def _check_conflicts(module: str, ops: list[Op], file: str | None) -> None:
@@ -679,17 +739,11 @@ def _same_descriptor(original: Any, replacement: Any) -> Any:
     return replacement
 
 
-def wrap_object(obj: Any, wrapper: Any) -> Any:
-    """wrapt's FunctionWrapper keeps signature, __wrapped__, __name__, __doc__ and binding;
-    descriptor objects are wrapped inside so the descriptor kind is kept."""
-    import wrapt
+def _adopt(op: Op, module: str) -> None:
+    from . import objects
 
-    if isinstance(obj, (staticmethod, classmethod)):
-        return type(obj)(wrapt.FunctionWrapper(obj.__func__, wrapper))
-    if isinstance(obj, property):
-        assert obj.fget is not None
-        return property(wrapt.FunctionWrapper(obj.fget, wrapper), obj.fset, obj.fdel, obj.__doc__)
-    return wrapt.FunctionWrapper(obj, wrapper)
+    assert op.qualname is not None
+    objects.adopt_names(op.obj, module, op.qualname, objects.name_home(op.patch))
 
 
 # -- Late: re-applying the original decorators to a replacement -----------------------------------
@@ -816,6 +870,11 @@ def register(plan: ModulePlan) -> None:
 def land(module: str, qual: str, stage: str) -> Callable[[Any], Any]:
     """Called by rewritten module code (see the module docstring)."""
     return _plans[module].land(qual, stage)
+
+
+def value(module: str, qual: str) -> Any:
+    """The default of a class-body field that is not a literal (``fields.value_text``)."""
+    return _plans[module].values[qual]
 
 
 def begin(module: str) -> None:

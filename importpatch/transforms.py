@@ -1,7 +1,8 @@
 """Source diffs and AST transforms: from the module's original text to the patched text and code.
 
 Order (deterministic): source diffs of every patch, by patch name, then AST transforms, by patch
-name, then the definition-site landings of replace / wrap / add. Text is the currency between
+name, then class-body fields (``fields.py``), by patch name, then the definition-site landings of
+replace / wrap / add. Text is the currency between
 steps: an AST transform's result is spliced back into the text statement by statement, so the
 published text, the code's line numbers, Triton's view and tracebacks all agree, and statements a
 transform did not touch keep their text (and, above the first edit that adds lines, their lines).
@@ -14,7 +15,7 @@ import difflib
 import re
 
 from . import diffs, landing
-from .declare import DIFF, TRANSFORM
+from .declare import DIFF, FIELD, TRANSFORM
 from .errors import PatchError
 
 TYPE_CHECKING = False
@@ -63,6 +64,17 @@ def patch_text(
                 )
             tree = new
         text = splice(text, tree)
+    for op in _by_patch(ops, FIELD):
+        from . import fields
+
+        try:
+            text = fields.apply(text, op, module)
+        except fields.FieldError as exc:
+            raise PatchError(op.patch.name, module, f"field {op.qualname}: {exc}",
+                             file=file) from None
+        except SyntaxError as exc:
+            raise PatchError(op.patch.name, module, f"field {op.qualname}: the source does not "
+                             f"parse: {exc.msg} (line {exc.lineno})", file=file) from None
     return text
 
 

@@ -278,6 +278,40 @@ def test_ray_task_and_actor_run_patched_code_when_toggles_come_in_runtime_env(la
 
 
 @pytest.mark.ray
+def test_ray_sends_patched_objects_by_reference_to_the_target(lab: RayLab) -> None:
+    """Issue 12, item 1: the driver's patched objects — a replaced function as a remote function
+    and as an argument, a wrapped method bound to an instance — travel with cloudpickle by
+    reference to the target, and the worker runs *its own* patched objects. (Before: the wrapped
+    method could not be pickled at all, ``object proxy must define __reduce__()``, and the
+    replacement was sent by the name of its patch file, which no other process can import.)"""
+    out = lab.driver(f'''
+        import cloudpickle
+        import rpk.m
+        {lab.init()}
+        try:
+            def run_them(objects):
+                import rpk.m
+                return {{"pid": os.getpid(), "results": [call() for call in objects],
+                         "own_f": objects[0] is rpk.m.f}}
+
+            k = rpk.m.K()
+            sent = [rpk.m.f, k.meth]
+            task = ray.get(ray.remote(run_them).remote(sent))
+            remote_f = ray.get(ray.remote(rpk.m.f).remote())
+            result({{"driver": os.getpid(), "task": task, "remote_f": remote_f,
+                     "by_name": [b"importpatch._declared" not in cloudpickle.dumps(o) and
+                                 b"rpk.m" in cloudpickle.dumps(o) for o in sent]}})
+        finally:
+            ray.shutdown()
+        ''', env={**lab.toggles(), "PYTHONPATH": str(lab.targets)})
+    assert out["by_name"] == [True, True]
+    task = out["task"]
+    assert task["pid"] != out["driver"]
+    assert task["results"] == ["patched", "wrapped-meth"] and task["own_f"] is True
+    assert out["remote_f"] == "patched"
+
+
+@pytest.mark.ray
 def test_ray_task_and_actor_patch_in_place_when_toggles_arrive_after_start(lab: RayLab) -> None:
     # The vLLM way: the worker process starts without the toggles (only PYTHONPATH, job-wide),
     # imports the targets, then gets the variables set in os.environ (vLLM: by RPC,

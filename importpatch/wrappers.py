@@ -1,0 +1,140 @@
+"""The wrappers of ``Patch.wrap``: wrapt's ``FunctionWrapper`` (chosen over a hand-written closure:
+it keeps signature, ``__wrapped__``, ``__name__``, ``__doc__`` and the descriptor behaviour of
+methods, staticmethods, classmethods and properties, in C) with pickling by reference to the
+target it is installed at (see ``importpatch.objects``). wrapt's own proxies refuse to pickle
+(``object proxy must define __reduce_ex__()``). Imported only where something is wrapped.
+"""
+
+from __future__ import annotations
+
+import copyreg
+
+import wrapt
+
+from .objects import _reference, by_reference, class_by_reference, new_instance, new_instance_ex
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    _Bound = wrapt.BoundFunctionWrapper[..., Any]
+    _Wrapper = wrapt.FunctionWrapper[..., Any]
+else:
+    _Bound, _Wrapper = wrapt.BoundFunctionWrapper, wrapt.FunctionWrapper
+
+
+class _BoundTargetWrapper(_Bound):
+    """A ``TargetWrapper`` bound by attribute access (wrapt makes these)."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        instance, parent = self._self_instance, self._self_parent
+        if instance is not None:  # obj.method / Class.classmethod: as a bound method pickles
+            return getattr, (instance, parent._self_target[1].rpartition(".")[2])
+        return by_reference, _reference(parent._self_target, parent)
+
+    __reduce__ = __reduce_ex__  # type: ignore[assignment]
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # ``Class.method``: wrapt makes a new one at each access, so no name finds this one, and
+        # cloudpickle would send a "function" it cannot find by value (the original's code,
+        # unpatched): not claiming to be a function sends it through ``__reduce_ex__``.
+        # Bound to an instance it is a method, as wrapt says. (A property costs nothing per call;
+        # a Python ``__get__`` caching one object would cost every method call.)
+        if self._self_instance is None and self._self_binding == "function":
+            return type(self)
+        return self.__wrapped__.__class__
+
+
+class TargetWrapper(_Wrapper):
+    """wrapt's ``FunctionWrapper`` that pickles by reference to the target it is installed at."""
+
+    __bound_function_wrapper__ = _BoundTargetWrapper
+
+    def __init__(self, wrapped: Any, wrapper: Any, target: tuple[str, str]) -> None:
+        super().__init__(wrapped, wrapper)
+        self._self_target = target
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return by_reference, _reference(self._self_target, self)
+
+    __reduce__ = __reduce_ex__  # type: ignore[assignment]
+
+
+class HiddenWrapper(TargetWrapper):
+    """A wrapper that is a property's ``fget`` / ``fset`` / ``fdel`` or a classmethod's function.
+    No name finds it (the target's name finds the property, or a bound method), so it does not
+    claim to be a function: cloudpickle would otherwise send the original's code by value; it
+    pickles through ``__reduce_ex__``."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self)
+
+
+class _ClassReference:
+    """Stands for a wrapped class inside the pickle of one of its instances: pickle saves a class
+    by its name, which finds the wrapper, not the class ("not the same object"); this pickles as
+    ``class_by_reference(module, qualname)``. One per class, so a pickle holds it once."""
+
+    __slots__ = ("cls", "target")
+
+    def __init__(self, cls: type, target: tuple[str, str]) -> None:
+        self.cls, self.target = cls, target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return class_by_reference, self.target
+
+    def __deepcopy__(self, memo: Any) -> type:  # copy.deepcopy of an instance: the class itself
+        return self.cls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # copy.copy: not copied, called
+        return self.cls(*args, **kwargs)
+
+
+class _InstanceReducer:
+    """``copyreg`` reducer of the instances of one wrapped class (exactly that class: a subclass
+    has a name of its own). It is the instance's own reduce value with the class named by
+    reference (pickle, cloudpickle, multiprocessing and ``copy`` all read
+    ``copyreg.dispatch_table``)."""
+
+    __slots__ = ("cls", "ref")
+
+    def __init__(self, cls: type, target: tuple[str, str]) -> None:
+        self.cls, self.ref = cls, _ClassReference(cls, target)
+
+    def __call__(self, obj: Any) -> Any:
+        value = obj.__reduce_ex__(4)
+        if isinstance(value, str):
+            return value
+        func, args, *rest = value
+        name = getattr(func, "__name__", "")  # copyreg's, which typeshed does not list
+        if func is getattr(copyreg, name, None) and name in _NEW:
+            func = _NEW[name]
+        func = self.ref if func is self.cls else func
+        args = tuple(self.ref if a is self.cls else a for a in args)
+        return (func, args, *rest)
+
+
+_NEW = {"__newobj__": new_instance, "__newobj_ex__": new_instance_ex}
+
+
+def _instances_by_reference(cls: type, target: tuple[str, str]) -> None:
+    if cls not in copyreg.dispatch_table:  # a reducer of its own (or ours: a second wrap) stays
+        copyreg.pickle(cls, _InstanceReducer(cls, target))
+
+
+def wrap_object(obj: Any, wrapper: Any, module: str, qualname: str) -> Any:
+    """``obj`` wrapped with ``wrapper`` (wrapt's convention), installed at ``module:qualname``;
+    descriptor objects are wrapped inside, so the descriptor kind is kept."""
+    target = (module, qualname)
+    if isinstance(obj, staticmethod):
+        return staticmethod(TargetWrapper(obj.__func__, wrapper, target))
+    if isinstance(obj, classmethod):
+        return classmethod(HiddenWrapper(obj.__func__, wrapper, target))
+    if isinstance(obj, property):
+        assert obj.fget is not None
+        return property(HiddenWrapper(obj.fget, wrapper, target), obj.fset, obj.fdel, obj.__doc__)
+    if isinstance(obj, type):  # its instances would name the wrapper as their class
+        _instances_by_reference(obj, target)
+    return TargetWrapper(obj, wrapper, target)
