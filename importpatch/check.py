@@ -647,13 +647,11 @@ class _Checker:
                                      b.line if b else None)
         where = f"{b.kind} at line {b.line}" if b else ""
         why = f" ({v.why})" if v.why else ""
+        owner = op.qualname.rpartition(".")[0]
+        owner_problem = _owner_problem(tree, owner) if op.kind in (ADD, SET) else None
         if op.kind == ADD:
-            owner = op.qualname.rpartition(".")[0]
-            owner_v = bindings.verdict(tree, owner) if owner else None
-            if owner_v is not None and owner_v.state == bindings.ABSENT:
-                result.status, result.detail = FAIL, f"class {owner} not found"
-            elif owner_v is not None and owner_v.state != bindings.BOUND:
-                result.status, result.detail = WARN, owner_v.why
+            if owner_problem:
+                result.status, result.detail = owner_problem
             elif v.state == bindings.BOUND:
                 result.status = FAIL
                 result.detail = f"{op.qualname} already exists ({where}); use replace"
@@ -670,12 +668,8 @@ class _Checker:
                 result.status, result.detail = WARN, v.why
         elif op.kind == SET and v.state != bindings.BOUND:
             # set replaces or adds (setattr, importpatch.compat): only the owner class must be there
-            owner = op.qualname.rpartition(".")[0]
-            owner_v = bindings.verdict(tree, owner) if owner else None
-            if owner_v is not None and owner_v.state == bindings.ABSENT:
-                result.status, result.detail = FAIL, f"class {owner} not found"
-            elif owner_v is not None and owner_v.state != bindings.BOUND:
-                result.status, result.detail = WARN, owner_v.why
+            if owner_problem:
+                result.status, result.detail = owner_problem
             elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is not there yet: set adds it"
             else:
@@ -692,6 +686,18 @@ def _is_plain_value(obj: Any) -> bool:
     """An added value that is neither a function nor a descriptor nor a class (a would-be
     field), as opposed to a method a class can take after it was built."""
     return not (callable(obj) or hasattr(type(obj), "__get__"))
+
+
+def _owner_problem(tree: ast.Module, owner: str) -> tuple[str, str] | None:
+    """(status, detail) when the class an add / set goes into is missing or not surely bound."""
+    from . import bindings
+
+    owner_v = bindings.verdict(tree, owner) if owner else None
+    if owner_v is not None and owner_v.state == bindings.ABSENT:
+        return FAIL, f"class {owner} not found"
+    if owner_v is not None and owner_v.state != bindings.BOUND:
+        return WARN, owner_v.why
+    return None
 
 
 def _collects_fields(tree: ast.Module, owner: str) -> str:
