@@ -60,6 +60,22 @@ class TargetWrapper(_Wrapper):
 
     __reduce__ = __reduce_ex__  # type: ignore[assignment]
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A class wrapped before its decorators run (decorated=False): a class decorator such as
+        # @dataclass or attrs' define sets __init__, __repr__, __eq__, ... on what it is given.
+        # They belong to the class; wrapt keeps a name that its proxy type also has on the proxy,
+        # and the class would be built without them ("D() takes no arguments").
+        if (name[:2] == "__" == name[-2:] and name not in _PROXY_NAMES
+                and isinstance(self.__wrapped__, type)):
+            setattr(self.__wrapped__, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+# Names wrapt handles itself on a proxy (it sets __name__ / __qualname__ / ... on both).
+_PROXY_NAMES = frozenset({"__wrapped__", "__name__", "__qualname__", "__module__", "__doc__",
+                          "__annotations__", "__class__", "__dict__"})
+
 
 class HiddenWrapper(TargetWrapper):
     """A wrapper that is a property's ``fget`` / ``fset`` / ``fdel`` or a classmethod's function.

@@ -155,6 +155,32 @@ def test_decorated_true_replaces_the_decorated_result(lab: Lab) -> None:
     assert values(lab, "a.f()") == ["patched"]
 
 
+@pytest.mark.parametrize("decorated", [False, True])
+def test_wrap_of_a_dataclass_keeps_the_methods_its_decorator_makes(lab: Lab, decorated: bool
+                                                                   ) -> None:
+    # decorated=False wraps the class before @dataclass runs: the decorator sets __init__,
+    # __repr__, __eq__ on the wrapper it is given, and they must reach the class.
+    lab.target({"lpkg/__init__.py": "", "lpkg/a.py": '''
+        from dataclasses import dataclass
+
+        @dataclass
+        class D:
+            x: int = 1
+        '''}).patch({"wrap-d.py": f'''
+        from importpatch import Patch
+
+        @Patch("wrap-d").wrap("lpkg.a:D", decorated={decorated})
+        def made(wrapped, instance, args, kwargs):
+            obj = wrapped(*args, **kwargs)
+            obj.seen = True
+            return obj
+        '''})
+    assert values(lab, "repr(a.D(x=3))", "a.D(x=3).seen", "a.D(x=3) == a.D(x=3)",
+                  "__import__('dataclasses').is_dataclass(a.D)",
+                  "repr(__import__('pickle').loads(__import__('pickle').dumps(a.D(x=2))))") == [
+        "D(x=3)", True, True, True, "D(x=2)"]
+
+
 def test_name_bound_dynamically_is_patched_after_exec_and_logged(lab: Lab) -> None:
     lab.target({"lpkg/__init__.py": "", "lpkg/a.py": '''
         globals()["f"] = lambda: "orig"
