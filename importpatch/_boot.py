@@ -76,7 +76,7 @@ def start_waited(site_path: list[str] | None) -> None:
     package that a patch on by default targets: activate now, as the start would have. Never
     raises (but for a real Ctrl-C, as ``start``)."""
     global _started
-    if _started:
+    if _started or activated_with is not None:  # started, or enable() activated it meanwhile
         return
     _started = True
     try:

