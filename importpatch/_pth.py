@@ -65,9 +65,14 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                 size = -1
             if size == 0:
                 return
+            tops: frozenset = frozenset()  # type: ignore[type-arg]
             if size > 0:
-                with open(stamp, "rb") as f:
-                    tops = frozenset(f.read().decode("utf-8", "replace").split())
+                try:
+                    with open(stamp, "rb") as f:
+                        tops = frozenset(f.read().decode("utf-8", "replace").split())
+                except OSError:
+                    pass  # unreadable: start the hook (below) rather than wait for nothing
+            if tops:
 
                 class _ImportpatchWaits:
                     """Starts the hook at the first import of a package in ``tops``."""

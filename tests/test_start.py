@@ -481,6 +481,13 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     assert late.stdout.splitlines() == ["['_ImportpatchWaits']", "2 ['PatchFinder']"]
     other = venv.run("import json, importpatch._boot as b; print(b._started)")
     assert other.stdout.split() == ["False"], other.stderr  # another package does not start it
+    # A stamp that cannot be read (here a folder): the hook starts, it does not wait for nothing.
+    stamp.unlink()
+    stamp.mkdir()
+    unreadable = venv.run(first + "import importpatch._boot as b; print(b._started)")
+    assert unreadable.returncode == 0, unreadable.stderr
+    assert unreadable.stdout.splitlines()[-1] == "True"
+    assert "_ImportpatchWaits" not in unreadable.stdout
 
 
 SLOW_DECLARATION = """\
