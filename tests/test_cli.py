@@ -551,15 +551,20 @@ if __name__ == "__main__":
 '''
 
 
+def write_wrap_f(root: Path) -> None:
+    """spkg.mod:f (returns 1) under ``root`` and, in ``root/p``, the patch wrap-f (returns 2)."""
+    (root / "spkg").mkdir()
+    (root / "spkg" / "__init__.py").write_text("")
+    (root / "spkg" / "mod.py").write_text("def f():\n    return 1\n")
+    (root / "p").mkdir()
+    (root / "p" / "wrapf.py").write_text(
+        'from importpatch import Patch\nPatch("wrap-f").wrap("spkg.mod:f", lambda w, i, a, k: 2)\n')
+
+
 def test_status_shows_each_process_and_its_patch_events_as_a_tree(
     wheel_venv: Venv, tmp_path: Path
 ) -> None:
-    (tmp_path / "spkg").mkdir()
-    (tmp_path / "spkg" / "__init__.py").write_text("")
-    (tmp_path / "spkg" / "mod.py").write_text("def f():\n    return 1\n")
-    (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "wrapf.py").write_text(
-        'from importpatch import Patch\nPatch("wrap-f").wrap("spkg.mod:f", lambda w, i, a, k: 2)\n')
+    write_wrap_f(tmp_path)
     (tmp_path / "parent.py").write_text(PARENT)
     events = tmp_path / "events"
     run_env: dict[str, str | None] = {
@@ -606,12 +611,7 @@ def test_status_names_a_process_by_the_program_it_exec_d_into(
 ) -> None:
     # Ray's runtime_env workers start as setup_worker.py and exec default_worker.py (same pid):
     # the "started" line of the first program comes before the patch events of the second.
-    (tmp_path / "spkg").mkdir()
-    (tmp_path / "spkg" / "__init__.py").write_text("")
-    (tmp_path / "spkg" / "mod.py").write_text("def f():\n    return 1\n")
-    (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "wrapf.py").write_text(
-        'from importpatch import Patch\nPatch("wrap-f").wrap("spkg.mod:f", lambda w, i, a, k: 2)\n')
+    write_wrap_f(tmp_path)
     (tmp_path / "second.py").write_text("import spkg.mod\nassert spkg.mod.f() == 2\n")
     (tmp_path / "first.py").write_text(
         "import os, sys\nos.execv(sys.executable, [sys.executable, sys.argv[1]])\n")
