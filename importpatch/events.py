@@ -171,6 +171,9 @@ def _process_name() -> str:
         return "?"
 
 
+_cut: set[str] = set()  # event files of this process whose last line was cut short
+
+
 def _append(folder: str, event: dict[str, Any]) -> None:
     import json
 
@@ -180,7 +183,14 @@ def _append(folder: str, event: dict[str, Any]) -> None:
         # O_APPEND: one write per line, so concurrent writers never interleave within a line.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, (json.dumps(event, sort_keys=True) + "\n").encode())
+            # A line cut short before (disk full, a file-size limit) is ended first, so that this
+            # event does not run on into it (`status` counts the cut one as unreadable).
+            line = b"\n" * (path in _cut) + (json.dumps(event, sort_keys=True) + "\n").encode()
+            written = os.write(fd, line)
+            if written != len(line):
+                _cut.add(path)
+                raise OSError(f"only {written} of {len(line)} bytes of an event were written")
+            _cut.discard(path)
         finally:
             os.close(fd)
     except OSError as exc:

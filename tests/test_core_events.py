@@ -117,3 +117,45 @@ def test_no_events_dir_no_line_and_nothing_imported(wheel_venv: Venv, tmp_path: 
     out = lab.json("import json, sys; print(json.dumps(sorted(m for m in sys.modules "
                    "if m.startswith(('multiprocessing', 'json.'))) ))", enable="ev")
     assert not [m for m in out if m.startswith("multiprocessing")]
+
+
+def test_an_event_cut_short_by_a_full_disk_is_reported_and_never_glued_to_the_next(
+        wheel_venv: Venv, tmp_path: Path) -> None:
+    # RLIMIT_FSIZE stands in for a full disk: a write past the limit writes what fits and the
+    # next one fails (EFBIG; Python ignores SIGXFSZ). The `started` line fits, the next is cut,
+    # the one after is lost; then the limit is lifted (the disk has room again) and epkg.n's
+    # event is written on a line of its own.
+    lab = Lab(wheel_venv, tmp_path).target({**TARGET, "epkg/n.py": "def g():\n    return 1\n"})
+    lab.patch({**PATCH, "ev2.py": """
+        from importpatch import Patch
+        Patch("ev2").replace("epkg.n:g", lambda: 2)
+        """})
+    events = tmp_path / "events"
+    code = """
+import glob, json, os, resource
+(log,) = glob.glob(os.path.join(os.environ["IMPORTPATCH_EVENTS_DIR"], "*.jsonl"))
+limit = os.path.getsize(log) + 100  # the `started` line is in; the next one is longer
+print(limit)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+import epkg.m
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+import epkg.n
+print(json.dumps([epkg.m.f(), epkg.n.g()]))
+"""
+    proc = lab.ok(code, enable="ev,ev2", env={"IMPORTPATCH_EVENTS_DIR": str(events),
+                                              "IMPORTPATCH_NO_CACHE": "1"})
+    limit, printed = proc.stdout.splitlines()
+    assert json.loads(printed) == ["patched", 2]
+    (log,) = events.iterdir()
+    lines = log.read_bytes().split(b"\n")
+    assert len(lines) == 4 and lines[-1] == b"", lines
+    assert json.loads(lines[0])["outcome"] == "started"
+    assert len(lines[0]) + 1 + len(lines[1]) == int(limit)  # cut at the limit ...
+    assert lines[1].startswith(b'{"argv"') and not lines[1].endswith(b"}")  # ... and alone
+    last = json.loads(lines[2])
+    assert (last["outcome"], last["patch"], last["target"]) == ("applied", "ev2", "epkg.n:g")
+    assert f"importpatch: warning: cannot write events to {events}: only " in proc.stderr
+    status = wheel_venv.run([wheel_venv.script("importpatch"), "status", "--events-dir",
+                             str(events)])
+    assert "1 line(s) could not be read" in status.stdout, status.stdout + status.stderr
+    assert "ev2: applied in 1 of 1 process(es)" in status.stdout, status.stdout
