@@ -294,6 +294,24 @@ def _last_name(expr: ast.expr) -> str:
     return expr.id if isinstance(expr, ast.Name) else ""
 
 
+def enum_class(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] = frozenset()) -> str:
+    """Why the source shows ``cls`` is an Enum ('' if it does not): an Enum base (by its last
+    dotted part), ``metaclass=EnumMeta``/``EnumType``, or a class of the same module that is."""
+    for kw in cls.keywords:
+        if kw.arg == "metaclass" and _last_name(kw.value) in ("EnumMeta", "EnumType"):
+            return f"class {cls.name} has metaclass {ast.unparse(kw.value)}"
+    for base in cls.bases:
+        name = _last_name(base)
+        if FIELD_BASES.get(name) == "an Enum":
+            return f"class {cls.name} is an Enum (base {ast.unparse(base)}, line {cls.lineno})"
+        if name and name not in _seen and isinstance(base, ast.Name):
+            for parent in class_nodes(tree, name):
+                why = enum_class(tree, parent, _seen | {cls.name})
+                if why:
+                    return f"class {cls.name} derives from {name}: {why}"
+    return ""
+
+
 def collects_fields(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] = frozenset()
                     ) -> str:
     """Why class ``cls`` builds fields from its body ('' if nothing says so): a base such as
