@@ -269,8 +269,8 @@ def op_fingerprint(op: Op) -> bytes | None:
 
 def producers_hash() -> bytes:
     """A hash of the source of the modules in PRODUCERS, computed once per process and kept in
-    ``<root>/catalog/producers`` keyed by their stat signature (so a process reads a stat per module and one
-    small file, not ~200 KB of source)."""
+    ``<root>/catalog/producers`` keyed by their stat signature (so a process reads a stat per
+    module and one small file, not ~200 KB of source)."""
     global _producers
     if _producers is not None:
         return _producers

@@ -186,7 +186,7 @@ def test_version_requirement_on_a_version_that_is_not_pep_440(lab: Lab) -> None:
             '''
         for name, req in (("bare", "odd"), ("arbitrary", "odd===build.7-x"), ("min", "odd>=1"))
     })
-    out = lab.json(f'''
+    out = lab.json('''
         import json, importpatch.events, odd
         print(json.dumps([odd.f(), [e["detail"] for e in importpatch.events.events()]]))
         ''')
