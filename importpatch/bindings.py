@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 # States of a name at the end of a scope.
 BOUND, MAYBE, UNBOUND = "bound", "maybe", "unbound"
-# Verdicts for a target (see ``verdict``).
-ABSENT, UNKNOWN = "absent", "unknown"
+# Verdicts for a target (see ``verdict``). REFUSED: bound, but no patch can land there (why).
+ABSENT, UNKNOWN, REFUSED = "absent", "unknown", "refused"
 
 _DYNAMIC_CALLS = frozenset({"globals", "vars", "locals", "exec", "eval", "setattr"})
 
@@ -426,6 +426,8 @@ def verdict(tree: ast.Module, qualname: str, *, add: bool = False) -> Verdict:
                            owner_found=depth == len(parts) - 1)
         first = found[0] if found else None
         if depth == len(parts) - 1:
+            if owner is not None and not add and (why := _enum_member(tree, owner, found)):
+                return Verdict(qualname, REFUSED, first, why)
             if state == MAYBE:
                 assert first is not None
                 why = f"{here} is bound only on some paths (line {first.line})"
@@ -451,6 +453,27 @@ def verdict(tree: ast.Module, qualname: str, *, add: bool = False) -> Verdict:
         assert isinstance(node, ast.ClassDef)
         owner, body = node, node.body
     raise AssertionError("unreachable")
+
+
+def _enum_member(tree: ast.Module, owner: ast.ClassDef, found: list[Binding]) -> str:
+    """Why a replace or wrap cannot land on this member of ``owner`` ('' if it can): an Enum
+    body refuses a second assignment of a member (``TypeError: 'RED' already defined``), and
+    the finished class refuses ``setattr`` of one. A method (``def``) or a ``_sunder_`` /
+    ``__dunder__`` name is no member."""
+    from .fields import enum_class
+
+    values = [b for b in found if b.kind != "def" and b.kind != "class"]
+    if not values or (values[0].name.startswith("_") and values[0].name.endswith("_")):
+        return ""
+    why = enum_class(tree, owner)
+    if not why:
+        return ""
+    return (
+        f"{owner.name}.{values[0].name} is an Enum member ({why}; {values[0].kind} at line "
+        f"{values[0].line}): the class makes the member from the value when it is built and "
+        "refuses a second one; to change its value use patch.field(target, default=VALUE, "
+        "existing=True)"
+    )
 
 
 def verdict_in_class(

@@ -74,7 +74,10 @@ MAX_BYTES = 256 * 1024 * 1024
 PRUNE_TO = 0.75
 # The modules whose code decides what code a patched module compiles to: a change to any of them
 # (an editable checkout, a dev upgrade) must not reuse entries compiled by the old code.
-PRODUCERS = ("bytecache", "declare", "diffs", "finder", "landing", "publish", "transforms")
+PRODUCERS = (
+    "bindings", "bytecache", "declare", "diffs", "fields", "finder", "landing", "publish",
+    "transforms",
+)
 
 
 def enabled() -> bool:
@@ -266,8 +269,8 @@ def op_fingerprint(op: Op) -> bytes | None:
 
 def producers_hash() -> bytes:
     """A hash of the source of the modules in PRODUCERS, computed once per process and kept in
-    ``<root>/catalog/producers`` keyed by their stat signature (so a process reads 7 stats and one
-    small file, not ~200 KB of source)."""
+    ``<root>/catalog/producers`` keyed by their stat signature (so a process reads a stat per
+    module and one small file, not ~200 KB of source)."""
     global _producers
     if _producers is not None:
         return _producers

@@ -642,7 +642,7 @@ class _Checker:
             return
         v = bindings.verdict(tree, op.qualname, add=op.kind == ADD)
         b = v.binding
-        found = v.state in (bindings.BOUND, bindings.MAYBE)
+        found = v.state in (bindings.BOUND, bindings.MAYBE, bindings.REFUSED)
         result.symbol = SymbolResult(op.qualname, found, b.kind if b else None,
                                      b.line if b else None)
         where = f"{b.kind} at line {b.line}" if b else ""
@@ -674,6 +674,8 @@ class _Checker:
                 result.detail = f"{op.qualname} is not there yet: set adds it"
             else:
                 result.detail = f"set replaces or adds {op.qualname} ({v.why})"
+        elif v.state == bindings.REFUSED:
+            result.status, result.detail = FAIL, v.why
         elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
         elif v.state == bindings.ABSENT:

@@ -294,27 +294,35 @@ def _last_name(expr: ast.expr) -> str:
     return expr.id if isinstance(expr, ast.Name) else ""
 
 
-def collects_fields(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] = frozenset()
-                    ) -> str:
+def enum_class(tree: ast.Module, cls: ast.ClassDef) -> str:
+    """Why the source shows ``cls`` is an Enum ('' if it does not): an Enum base (by its last
+    dotted part), ``metaclass=EnumMeta``/``EnumType``, or a class of the same module that is."""
+    return collects_fields(tree, cls, enum_only=True)
+
+
+def collects_fields(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] = frozenset(),
+                    *, enum_only: bool = False) -> str:
     """Why class ``cls`` builds fields from its body ('' if nothing says so): a base such as
     ``msgspec.Struct``, ``NamedTuple``, ``TypedDict``, ``Enum``, ``BaseModel`` (or a class of the
     same module that has one), a ``metaclass=`` keyword, or a decorator such as ``dataclass``
-    or attrs' ``define``."""
-    for deco in cls.decorator_list:
+    or attrs' ``define``. ``enum_only``: only what makes it an Enum."""
+    for deco in [] if enum_only else cls.decorator_list:
         kind = FIELD_DECORATORS.get(_last_name(deco))
         if kind:
             return f"class {cls.name} is {kind} (decorator at line {deco.lineno})"
     for kw in cls.keywords:
-        if kw.arg == "metaclass":
+        if kw.arg == "metaclass" and not enum_only:
             return f"class {cls.name} has a metaclass (line {cls.lineno})"
+        if kw.arg == "metaclass" and _last_name(kw.value) in ("EnumMeta", "EnumType"):
+            return f"class {cls.name} has metaclass {ast.unparse(kw.value)} (line {cls.lineno})"
     for base in cls.bases:
         name = _last_name(base)
         kind = FIELD_BASES.get(name)
-        if kind:
+        if kind and (kind == "an Enum" or not enum_only):
             return f"class {cls.name} is {kind} (base {ast.unparse(base)}, line {cls.lineno})"
         if name and name not in _seen and isinstance(base, ast.Name):
             for parent in class_nodes(tree, name):
-                why = collects_fields(tree, parent, _seen | {cls.name})
+                why = collects_fields(tree, parent, _seen | {cls.name}, enum_only=enum_only)
                 if why:
                     return f"class {cls.name} derives from {name}: {why}"
     return ""

@@ -13,7 +13,8 @@ the code works in any namespace, runpy's ``__main__`` too):
     def f(...): ...               @triton.jit
                                   @L.land('M', 'f', 'inner')
                                   def f(...): ...
-    X = make()            ==>     X = make()
+    X = make()            ==>     X = L.land('M', 'X', 'assign')(make())
+    X, Y = make()         ==>     X, Y = make()
                                   X = L.land('M', 'X', 'assign')(X)
     for X in ...:         ==>     for X in ...:
                                       X = L.land('M', 'X', 'assign')(X)
@@ -61,6 +62,7 @@ Invariants:
 from __future__ import annotations
 
 import ast
+import enum
 import sys
 
 from . import events
@@ -166,6 +168,17 @@ def _insert_begin_and_done(tree: ast.Module, module: str) -> None:
     body.insert(end, ast.copy_location(ast.Expr(_hook_call("done", [module], line)), line))
 
 
+def _single_target(stmt: ast.stmt, name: str) -> bool:
+    """``name = value`` or ``name: T = value``: the value can be landed before it is bound."""
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        targets = [stmt.target]
+    else:
+        return False
+    return len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id == name
+
+
 def _rewrite_block(
     body: list[ast.stmt], module: str, trie: dict[str, Any], found: set[str]
 ) -> None:
@@ -202,6 +215,12 @@ def _rewrite_block(
                     body.insert(i, ast.fix_missing_locations(ast.copy_location(check, stmt)))
                     i += 1
                     inserted.append(_land_statement(module, qual, name, "carry", stmt))
+                elif _single_target(stmt, name):
+                    # ``X = L.land(...)(value)``: bound once, as the source binds it (an Enum
+                    # body refuses a second binding of a member, even when no patch is live).
+                    assert isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value
+                    call = ast.Call(_land_call(module, qual, "assign", stmt), [stmt.value], [])
+                    stmt.value = ast.fix_missing_locations(ast.copy_location(call, stmt))
                 else:
                     inserted.append(_land_statement(module, qual, name, "assign", stmt))
             # Same scope, nested blocks: if/else, try/except/finally, with, for/while, match.
@@ -339,7 +358,7 @@ class ModulePlan:
                     self.staged[patch.name] = why
 
     def _doomed(self, op: Op, facts: dict[str, Fact]) -> PatchError | None:
-        from .bindings import ABSENT, BOUND
+        from .bindings import ABSENT, BOUND, REFUSED
 
         assert op.qualname is not None
         owner = site_of(op)[0] if _on_owner(op) else op.qualname
@@ -354,6 +373,9 @@ class ModulePlan:
                     f"symbol {qual!r} not found (target {self.module}:{op.qualname}){why}",
                     file=self.file,
                 )
+        fact = facts.get(op.qualname)
+        if op.kind in (REPLACE, WRAP) and fact is not None and fact.state == REFUSED:
+            return PatchError(op.patch.name, self.module, fact.why, file=self.file)
         fact = facts.get(f"+{op.qualname}")
         if op.kind == ADD and fact is not None and fact.state == BOUND:
             where = f" (line {fact.line})" if fact.line else ""
@@ -596,6 +618,11 @@ class ModulePlan:
             try:
                 owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
                 store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
+                if isinstance(owner, enum.EnumMeta) and attr in owner.__members__:
+                    raise LateRefusal(  # the class refuses setattr of a member
+                        f"{op.qualname} is an Enum member: a built Enum class refuses to "
+                        "reassign it; use patch.field(target, default=VALUE, existing=True), "
+                        "which applies at import: activate at interpreter start")
                 if op.kind in (ADD, SET):  # set: setattr, whatever is there
                     if op.kind == ADD and attr in store and store[attr] is not op.obj:
                         raise PatchError(op.patch.name, self.module,

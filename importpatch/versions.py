@@ -112,7 +112,11 @@ def check(
         try:
             ok = req.specifier.contains(Version(installed), prereleases=True)
         except InvalidVersion:
-            return False, f"requires {text}, installed {req.name} {installed} is not PEP 440"
+            # Only no specifier (installed is enough) or '===' (PEP 440's arbitrary equality,
+            # made for such versions) can hold for a version that is not PEP 440.
+            if not req.specifier.contains(installed, prereleases=True):
+                return False, f"requires {text}, installed {req.name} {installed} is not PEP 440"
+            ok = True
         if not ok:
             return False, f"requires {text}, installed {req.name} {installed}"
         reasons.append(f"{req.name} {installed} satisfies {text}")

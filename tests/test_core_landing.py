@@ -315,6 +315,50 @@ def test_fail_patch_on_a_symbol_absent_from_the_source_fails_before_the_module_r
     assert out == [[], False]
 
 
+
+ENUM_TARGET = {"lpkg/__init__.py": "", "lpkg/a.py": '''
+    import enum
+
+    class Color(enum.Enum):
+        RED = 1
+        BLUE = 2
+
+    def f():
+        return "orig"
+    '''}
+
+
+@pytest.mark.parametrize("on_error", ["fail", "warn"])
+def test_replace_of_an_enum_member_is_refused_by_name_and_a_warn_patch_leaves_the_module_intact(
+    lab: Lab, on_error: str
+) -> None:
+    # An Enum body refuses a second binding of a member ('RED' already defined): the landing
+    # must not bind it twice, and the patch is refused (pointing to patch.field) before the
+    # module runs, so the module imports whole and unpatched under "warn".
+    lab.target(ENUM_TARGET).patch({"en.py": f'''
+        from importpatch import Patch
+        p = Patch("en", on_error={on_error!r})
+
+        @p.replace("lpkg.a:f")
+        def f():
+            return "patched"
+
+        p.replace("lpkg.a:Color.RED", 10)
+        '''})
+    out = values(lab, "ok", "ok and a.f()", "ok and a.Color.RED.value", "str(err)",
+                 imports="try:\n    import lpkg.a as a\n    ok, err = True, ''\n"
+                         "except ImportError as exc:\n    ok, err = False, exc")
+    ok, f, red, err = out
+    if on_error == "warn":
+        assert (ok, f, red) == (True, "orig", 1)
+    else:
+        assert ok is False and "patch 'en'" in err
+    message = err or lab.ok("import lpkg.a", env={"IMPORTPATCH_LOG": "1"}).stderr
+    assert "Color.RED is an Enum member" in message and "existing=True" in message, message
+    check = lab.run(["-m", "importpatch", "check", "en"])
+    assert check.returncode == 1 and "Color.RED is an Enum member" in check.stdout, check.stdout
+
+
 # -- a name bound twice is patched once (item 4) ---------------------------------------------------
 
 

@@ -309,6 +309,47 @@ def test_late_replacement_under_a_registry_decorator_is_refused_with_advice(
     assert "activate the patch at interpreter start" in failures[0]
 
 
+def test_late_replace_of_an_enum_member_applies_nothing_of_the_patch(
+    tmp_path: Path, wheel_venv: Venv
+) -> None:
+    lab = Lab(wheel_venv, tmp_path).target({
+        "en/__init__.py": "",
+        "en/m.py": '''
+            import enum
+
+            class Color(enum.Enum):
+                RED = 1
+
+            def f():
+                return "orig"
+            ''',
+    }).patch({"en.py": '''
+        from importpatch import Patch
+        p = Patch("en")
+
+        @p.replace("en.m:f")
+        def f():
+            return "late"
+
+        p.replace("en.m:Color.RED", 10)
+        '''})
+    out = lab.json(f'''
+        import json, os, en.m as m
+        os.environ["IMPORTPATCH_PATH"] = {str(lab.patches)!r}
+        import importpatch, importpatch.events as ev
+        try:
+            importpatch.enable("en")
+            raised = ""
+        except BaseException as exc:
+            raised = repr(exc)
+        print(json.dumps([raised, m.f(), m.Color.RED.value,
+                          [e["detail"] for e in ev.events() if e["outcome"] == "failed"]]))
+        ''', enable=None, env=NO_VARS)
+    raised, f, red, failures = out
+    assert (raised, f, red) == ("", "orig", 1)  # nothing half-done, nothing escaped enable()
+    assert len(failures) == 1 and "Color.RED is an Enum member" in failures[0]
+
+
 @pytest.mark.parametrize("index", ["warm", "scanned-while-broken"])
 def test_a_declaration_that_failed_to_load_late_is_tried_again(tmp_path: Path, wheel_venv: Venv,
                                                                index: str) -> None:

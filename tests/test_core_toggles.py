@@ -173,6 +173,27 @@ def test_version_requirement_on_import_package_of_differently_named_distribution
     assert "requires fakevllm>=0.40, installed fakevllm 0.32.0" in out[3]
 
 
+def test_version_requirement_on_a_version_that_is_not_pep_440(lab: Lab) -> None:
+    # A bare name asks only that it be installed, and '===' is PEP 440's arbitrary equality,
+    # made for such versions: both hold. Any other specifier cannot be judged: skipped.
+    lab.target({
+        "odd/__init__.py": 'def f():\n    return "orig"\n',
+        "odd-0.dist-info/METADATA": "Metadata-Version: 2.1\nName: odd\nVersion: build.7-x\n",
+    }).patch({
+        f"{name.replace('-', '_')}.py": f'''
+            from importpatch import Patch
+            Patch("{name}", requires={req!r}).wrap("odd:f", lambda w, i, a, k: w() + "+{name}")
+            '''
+        for name, req in (("bare", "odd"), ("arbitrary", "odd===build.7-x"), ("min", "odd>=1"))
+    })
+    out = lab.json('''
+        import json, importpatch.events, odd
+        print(json.dumps([odd.f(), [e["detail"] for e in importpatch.events.events()]]))
+        ''')
+    assert out[0] == "orig+arbitrary+bare"
+    assert "requires odd>=1, installed odd build.7-x is not PEP 440" in out[1]
+
+
 def test_moved_target_candidates_pick_the_first_existing_module(lab: Lab) -> None:
     lab.target({
         "mpkg/__init__.py": "",
