@@ -113,8 +113,10 @@ def check(
             ok = req.specifier.contains(Version(installed), prereleases=True)
         except InvalidVersion:
             # Only no specifier (installed is enough) or '===' (PEP 440's arbitrary equality,
-            # made for such versions) can hold for a version that is not PEP 440.
-            if not req.specifier.contains(installed, prereleases=True):
+            # made for such versions: a case-blind string compare) can hold for a version that is
+            # not PEP 440. Decided here: packaging before 24 raises for such a version.
+            if not all(spec.operator == "===" and spec.version.lower() == installed.lower()
+                       for spec in req.specifier):
                 return False, f"requires {text}, installed {req.name} {installed} is not PEP 440"
             ok = True
         if not ok:

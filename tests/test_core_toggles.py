@@ -4,6 +4,7 @@ what happens when a patch cannot apply (conflicts, on_error, broken declaration 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -173,9 +174,21 @@ def test_version_requirement_on_import_package_of_differently_named_distribution
     assert "requires fakevllm>=0.40, installed fakevllm 0.32.0" in out[3]
 
 
-def test_version_requirement_on_a_version_that_is_not_pep_440(lab: Lab) -> None:
+@pytest.fixture(scope="module")
+def oldest_packaging_venv(venv_factory: Callable[..., Venv], built_wheel: Path) -> Venv:
+    """The wheel with the oldest ``packaging`` its metadata admits (``packaging>=23``)."""
+    return venv_factory(str(built_wheel), "packaging==23.0", name="packaging23")
+
+
+@pytest.mark.parametrize("packaging_version", ["newest", "23.0"])
+def test_version_requirement_on_a_version_that_is_not_pep_440(
+        lab: Lab, packaging_version: str, request: pytest.FixtureRequest) -> None:
     # A bare name asks only that it be installed, and '===' is PEP 440's arbitrary equality,
     # made for such versions: both hold. Any other specifier cannot be judged: skipped.
+    # packaging 23 raises InvalidVersion where 26 answers: the verdict must not depend on it.
+    if packaging_version != "newest":
+        lab.venv = request.getfixturevalue("oldest_packaging_venv")
+        assert lab.ok("import packaging; print(packaging.__version__)").stdout.strip() == "23.0"
     lab.target({
         "odd/__init__.py": 'def f():\n    return "orig"\n',
         "odd-0.dist-info/METADATA": "Metadata-Version: 2.1\nName: odd\nVersion: build.7-x\n",
