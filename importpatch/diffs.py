@@ -882,9 +882,25 @@ def _reverse_places(src: _Source, patch: FilePatch, max_offset: int) -> list[int
     return places
 
 
+BOM = "\ufeff"
+
+
 def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> str:
     """Return ``source`` with ``patch`` applied, or raise ``HunkMismatch`` (or ``DiffError``
-    for a hunk without context, see ``require_context``).
+    for a hunk without context, see ``require_context``). See ``_apply``."""
+    if not source.startswith(BOM) and any(
+        _old_range_start(h) == 0 and h.old_lines and h.old_lines[0].startswith(BOM)
+        for h in patch.hunks
+    ):
+        # git diff shows a file's UTF-8 BOM as part of its first line, and Python's decoding
+        # (finder.decode_source) drops it from the text: put it back to place the hunks, and
+        # take it off the result again.
+        return _apply(BOM + source, patch, max_offset=max_offset).removeprefix(BOM)
+    return _apply(source, patch, max_offset=max_offset)
+
+
+def _apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> str:
+    """``apply``.
 
     Hunks are located in the *original* source, in order, each no earlier than the end of the
     previous one, by the placement rules above; ``max_offset`` (default: the patch's own)

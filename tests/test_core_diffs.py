@@ -4,6 +4,7 @@ fails with it, "warn" skips with it), the Max-Offset and Unidiff-Zero headers.""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,24 @@ def test_zero_context_diff_fails_at_declaration_unless_accepted(lab: Lab) -> Non
     assert "git diff -U0" in message and "'Unidiff-Zero: yes'" in message
     result, _ = lab.json(IMPORT, enable="u0ok")
     assert result == [10, 5, 9]
+
+
+def test_git_diff_of_a_file_with_a_utf8_bom_applies(lab: Lab, tmp_path: Path) -> None:
+    # git diff shows the BOM as part of the first line's text; Python drops it when it decodes
+    # the module, and git apply applies the diff: so must the import.
+    repo = tmp_path / "repo"
+    (repo / "dpkg").mkdir(parents=True)
+    old = "\ufeffdef f1():\n    return 1\n"
+    (repo / "dpkg" / "m.py").write_text(old, encoding="utf-8")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "old"]):
+        subprocess.run([*git, *args], check=True)
+    (repo / "dpkg" / "m.py").write_text(old.replace("return 1", "return 10"), encoding="utf-8")
+    diff = subprocess.run([*git, "diff"], check=True, capture_output=True, text=True).stdout
+    assert "-\ufeffdef f1():" not in diff and " \ufeffdef f1():" in diff  # context, with its BOM
+    lab.target({**TARGET, "dpkg/m.py": old}).patch({"bom.diff": "Name: bom\n\n" + diff})
+    out = lab.json("""
+        import json, dpkg.m
+        print(json.dumps([dpkg.m.f1(), open(dpkg.m.__file__, "rb").read(3).hex()]))
+        """, enable="bom")
+    assert out == [10, "efbbbf"]
