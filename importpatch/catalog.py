@@ -482,7 +482,7 @@ class DeclarationFailed(Exception):
 
 
 def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
-    from .declare import collecting, patch_from_diff_file
+    from .declare import collecting, diff_text, patch_from_diff_file
 
     try:
         raw = _read_regular(file)
@@ -491,8 +491,7 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
     if file.endswith((".diff", ".patch")):
         with collecting():  # a discovered patch must not join the registry enable() turns on
             try:
-                text = raw.decode("utf-8")
-                return [patch_from_diff_file(file, text)], None
+                return [patch_from_diff_file(file, diff_text(raw, file))], None
             except Exception as exc:
                 return [], exc
     import importlib.util

@@ -248,8 +248,8 @@ class Patch:
         if (text is None) == (path is None):
             raise DeclarationError(f"patch {self.name}: give the diff text or path=, not both")
         if path is not None:
-            with open(path, encoding="utf-8", newline="") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                text = diff_text(f.read(), os.fspath(path))
         assert text is not None
         try:
             parsed = diffs.parse(text)
@@ -338,14 +338,28 @@ def parse_header(preamble: str) -> dict[str, list[str]]:
     return header
 
 
+def diff_text(raw: bytes, path: str) -> str:
+    """A diff file's text: UTF-8, or a DeclarationError that says which byte and what to do."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DeclarationError(
+            f"{path}: a diff must be UTF-8 text, and byte 0x{raw[exc.start]:02x} on line {line} "
+            "is not (git diff prints a file's own bytes: a diff of a latin-1 file is latin-1); "
+            "re-encode it, e.g. `iconv -f latin1 -t utf-8`: it then applies to the module's "
+            "decoded text"
+        ) from None
+
+
 def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
     """A ``Patch`` from a ``.diff``/``.patch`` file (or its ``text``, already read); name defaults
     to the file's stem."""
     from . import diffs
 
     if text is None:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            text = diff_text(f.read(), path)
     try:
         parsed = diffs.parse(text)
     except diffs.DiffError as exc:

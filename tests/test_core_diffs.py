@@ -107,18 +107,23 @@ def test_zero_context_diff_fails_at_declaration_unless_accepted(lab: Lab) -> Non
     assert result == [10, 5, 9]
 
 
-def test_git_diff_of_a_file_with_a_utf8_bom_applies(lab: Lab, tmp_path: Path) -> None:
-    # git diff shows the BOM as part of the first line's text; Python drops it when it decodes
-    # the module, and git apply applies the diff: so must the import.
+def git_diff(tmp_path: Path, old: bytes, new: bytes) -> bytes:
+    """What real ``git diff`` prints for dpkg/m.py changed from ``old`` to ``new``."""
     repo = tmp_path / "repo"
     (repo / "dpkg").mkdir(parents=True)
-    old = "\ufeffdef f1():\n    return 1\n"
-    (repo / "dpkg" / "m.py").write_text(old, encoding="utf-8")
+    (repo / "dpkg" / "m.py").write_bytes(old)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "old"]):
         subprocess.run([*git, *args], check=True)
-    (repo / "dpkg" / "m.py").write_text(old.replace("return 1", "return 10"), encoding="utf-8")
-    diff = subprocess.run([*git, "diff"], check=True, capture_output=True, text=True).stdout
+    (repo / "dpkg" / "m.py").write_bytes(new)
+    return subprocess.run([*git, "diff"], check=True, capture_output=True).stdout
+
+
+def test_git_diff_of_a_file_with_a_utf8_bom_applies(lab: Lab, tmp_path: Path) -> None:
+    # git diff shows the BOM as part of the first line's text; Python drops it when it decodes
+    # the module, and git apply applies the diff: so must the import.
+    old = "\ufeffdef f1():\n    return 1\n"
+    diff = git_diff(tmp_path, old.encode(), old.replace("return 1", "return 10").encode()).decode()
     assert "-\ufeffdef f1():" not in diff and " \ufeffdef f1():" in diff  # context, with its BOM
     lab.target({**TARGET, "dpkg/m.py": old}).patch({"bom.diff": "Name: bom\n\n" + diff})
     out = lab.json("""
@@ -126,3 +131,30 @@ def test_git_diff_of_a_file_with_a_utf8_bom_applies(lab: Lab, tmp_path: Path) ->
         print(json.dumps([dpkg.m.f1(), open(dpkg.m.__file__, "rb").read(3).hex()]))
         """, enable="bom")
     assert out == [10, "efbbbf"]
+
+
+def test_git_diff_of_a_latin1_file_names_the_byte_and_applies_once_reencoded(
+        lab: Lab, tmp_path: Path) -> None:
+    old = "# -*- coding: latin-1 -*-\ndef f1():\n    return 'café'\n"
+    new = old.replace("return 'café'", "return 'crème'")
+    raw = git_diff(tmp_path, old.encode("latin-1"), new.encode("latin-1"))
+    (lab.targets / "dpkg").mkdir()
+    (lab.targets / "dpkg" / "__init__.py").write_text("")
+    (lab.targets / "dpkg" / "m.py").write_bytes(old.encode("latin-1"))
+    patch_file = lab.patches / "lat.diff"
+    patch_file.write_bytes(b"Name: lat\n\n" + raw)
+    show = """
+        import json
+        try:
+            import dpkg.m
+            print(json.dumps(dpkg.m.f1()))
+        except ImportError as exc:
+            print(json.dumps(str(exc)))
+        """
+    message = lab.json(show, enable="lat")
+    line = (b"Name: lat\n\n" + raw).split(b"\n").index("-    return 'café'".encode("latin-1")) + 1
+    assert f"{patch_file}: a diff must be UTF-8 text, and byte 0xe9 on line {line} is not" \
+        in message
+    assert "iconv -f latin1 -t utf-8" in message
+    patch_file.write_bytes(b"Name: lat\n\n" + raw.decode("latin-1").encode("utf-8"))  # iconv
+    assert lab.json(show, enable="lat") == "crème"
