@@ -111,6 +111,8 @@ class Session:
     patch_file: str | None = None  # that patch's file, if it came from a folder
     note: str = ""  # why the session exists ("edit", "rebase conflict")
     saved: dict[str, str] = dataclasses.field(default_factory=dict)  # repo path -> sha256 saved
+    # A rebase's files with no module in the target (repo path -> why): saving would drop them.
+    missing: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def path(self, tree: str, rel: str) -> str:
         return os.path.join(self.folder, tree, *rel.split("/"))
@@ -468,6 +470,14 @@ def save(
     if session is None:
         raise check.UsageError(f"no work folder for patch {name} ({folder})",
                                f"start with 'importpatch edit MODULE --name {name}'")
+    if session.missing:
+        raise check.UsageError(
+            f"patch {name} changes {', '.join(sorted(session.missing))}, which "
+            f"{session.base or 'the target'} does not have: saving would drop those changes",
+            "if the module moved, add 'Candidates: OLD/PATH.py NEW/PATH.py' to the patch's "
+            "header and rebase again; if the change is no longer needed, remove that file's "
+            "section from the patch and rebase again",
+        )
     if requires is not None:
         _check_requires(requires)
     header = header_for(session, session.base, requires, summary)

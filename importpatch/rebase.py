@@ -489,6 +489,7 @@ def rebase(
         patch_file=authoring.own_diff_file(patch),
         note=f"rebase of {name} from {base_label} to {target_label}",
     )
+    session.missing = {f.path: f.detail for f in files if f.how == "missing"}
     by_rel = {f.path: f for f in files}
     for rel, module, theirs, merged_text in texts:
         authoring.write_text(session.path(authoring.ORIG, rel), theirs)

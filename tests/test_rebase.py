@@ -726,3 +726,29 @@ def test_rebase_of_a_moved_module_does_not_widen_requires_to_a_release_it_fails_
     old = json.loads(run_cli("check", "moved", "--against", str(base), "--json", env=env,
                              check_rc=1).stdout)
     assert old["patches"][0]["status"] == "skip"
+
+
+def test_save_after_a_rebase_with_a_missing_module_never_drops_its_changes(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A two-file diff whose second module is gone from the target: the rebase stops (exit 1)
+    and does not tell to save; ``save`` refuses rather than write a diff without that file's
+    hunks over the patch file."""
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "core.py").write_text(CORE.replace("return x + 3\n", "return x - 3\n"))
+    (target / "tpkg" / "sub" / "engine.py").unlink()
+    patch_file = Path(env["IMPORTPATCH_PATH"]) / "two.diff"
+    patch_file.write_text(
+        "Name: two\nBase: tpkg==1.4.2\n\n"
+        + diffs.make_diff(CORE, CORE.replace("return x + 9\n", "return 9\n"), "tpkg/core.py")
+        + diffs.make_diff(ENGINE, ENGINE.replace("return 1", "return 2"), "tpkg/sub/engine.py"))
+    before = patch_file.read_text()
+    work = tmp_path / "work"
+    proc = run_cli("rebase", "two", "--to", str(target), "--base", str(base), "--work",
+                   str(work), env=env, check_rc=1)
+    words = " ".join(proc.stdout.split())  # lines are wrapped at 100 columns
+    assert "MISSING" in words and "importpatch save two" not in words
+    refused = run_cli("save", "two", "--work", str(work), env=env, check_rc=2)
+    assert "tpkg/sub/engine.py" in refused.stderr and "Candidates" in refused.stderr
+    assert patch_file.read_text() == before
