@@ -627,7 +627,8 @@ def test_save_and_rebase_never_overwrite_a_python_file_declaring_the_diff(
     (folder / "_diffs" / "py-diff.diff").write_text(
         diffs.make_diff(CORE, CORE.replace("return x + 3\n", "return 3\n"), "tpkg/core.py"))
     declaration = ("from pathlib import Path\nfrom importpatch import Patch\n\n"
-                   "Patch('py-diff').diff(path=Path(__file__).parent / '_diffs' / 'py-diff.diff')\n")
+                   "Patch('py-diff').diff(\n"
+                   "    path=Path(__file__).parent / '_diffs' / 'py-diff.diff')\n")
     (folder / "py_diff.py").write_text(declaration)
     work = tmp_path / "work"
     info = json.loads(run_cli("edit", "--name", "py-diff", "--against", str(base), "--work",
@@ -683,7 +684,8 @@ def test_save_after_a_rebase_conflict_requires_the_target_release(
     target = make_tree(tmp_path / "target")
     (target / "tpkg" / "__init__.py").write_text('__version__ = "2.0.1"\n')
     (target / "tpkg" / "core.py").write_text(CORE.replace("return x + 3\n", "return x - 3\n"))
-    patch_file = _tree_patch(tmp_path, env, "carried", "Base: tpkg==1.4.2\nRequires: tpkg>=1.4,<1.5\n",
+    patch_file = _tree_patch(tmp_path, env, "carried",
+                             "Base: tpkg==1.4.2\nRequires: tpkg>=1.4,<1.5\n",
                              CORE.replace("return x + 3\n", "return 3 * x\n"))
     work = tmp_path / "work"
     run_cli("rebase", "carried", "--to", str(target), "--base", str(base), "--work", str(work),
