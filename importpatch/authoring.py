@@ -138,17 +138,22 @@ class Session:
         return cls(folder=folder, **{k: v for k, v in data.items() if k in fields})
 
     def unsaved(self) -> list[str]:
-        """Repo paths whose edited copy differs from the original (work a new start would lose)."""
+        """Repo paths whose edited copy differs from the original (work a new start would lose).
+        An edited copy whose original is gone counts: nothing shows it is not work."""
         out = []
         for rel in self.files:
             try:
                 text = read_text(self.path(EDIT, rel))
-                if text != read_text(self.path(ORIG, rel)) and self.saved.get(rel) != _digest(
-                    text
-                ):
-                    out.append(rel)
             except OSError:
+                continue  # no edited copy: nothing to lose
+            if self.saved.get(rel) == _digest(text):
                 continue
+            try:
+                if text == read_text(self.path(ORIG, rel)):
+                    continue
+            except OSError:
+                pass
+            out.append(rel)
         return out
 
 

@@ -531,6 +531,10 @@ def test_rebase_never_replaces_unsaved_work_without_force(
     refused = run_cli(*args, env=env, check_rc=2)
     assert "holds unsaved edits (tpkg/core.py)" in refused.stderr
     assert "my notes" in edit.read_text()
+    (work / "clash" / "orig" / "tpkg" / "core.py").unlink()  # nothing to compare the edit with
+    refused = run_cli(*args, env=env, check_rc=2)
+    assert "holds unsaved edits (tpkg/core.py)" in refused.stderr
+    assert "my notes" in edit.read_text()
     run_cli(*args, "--force", env=env, check_rc=1)
     assert "my notes" not in edit.read_text()
 
