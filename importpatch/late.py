@@ -22,6 +22,9 @@ What is done, exactly:
   module and name; the summary line gives the count.
 - Values copied in other ways (into a dict or list, a default argument, ``functools.partial``, a
   registry, ``getattr``) keep the original: only patching at import reaches them.
+- What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
+  the chain ends up as one activation would have made it, else it is refused whole
+  (``landing.landed_on``).
 - Source diffs and AST transforms cannot change code that already ran: they are refused with a
   clear message.
 - A patch whose declaration fails to load is reported and not marked handled, so the next
