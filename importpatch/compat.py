@@ -125,6 +125,10 @@ class PatchManager:
 
     def register(self, name: str, patch_class: type) -> None:
         """Register a patch for later application."""
+        replaced = self.available_patches.get(name)
+        if replaced is not None and replaced is not patch_class \
+                and _registered.get(replaced) == name:
+            del _registered[replaced]  # the dict forgot it under this name: so does its name
         self.available_patches[name] = patch_class
         _registered.setdefault(patch_class, name)
         logger.info("Registered patch: %s", name)
