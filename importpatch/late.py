@@ -66,6 +66,18 @@ def apply_to_imported(finder: PatchFinder) -> int:
         entries = [e for e in entries if e.name not in seen]
         if not entries:
             continue
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            # enable() ran inside this module's own import (a plugin it imports, a circular
+            # import): what it binds below that point does not exist yet, and its loader is not
+            # ours. Not marked handled: the next activation, after it ran, applies the patches.
+            for e in entries:
+                events.record(
+                    "failed", e.name, name, "in-place",
+                    f"{name} was still being imported when patching started (enable() ran "
+                    "inside its import); its patches apply at the next activation, or enable "
+                    "them at interpreter start (IMPORTPATCH_ENABLE in the environment)",
+                )
+            continue
         for e in entries:
             retry_declaration(e)
         patches, broken = load_patches(entries, name)

@@ -443,3 +443,39 @@ def test_a_second_replace_enabled_later_is_the_conflict_it_is_at_import(lab: Lab
     assert f == "first"
     assert len(failures) == 1
     assert "conflict: patches 'first' and 'second' both replace f" in failures[0]
+
+
+def test_enable_inside_the_targets_own_import_says_so_and_a_later_activation_applies(
+    tmp_path: Path, wheel_venv: Venv
+) -> None:
+    # A module imported by the target (a plugin loader, a circular import) calls enable() while
+    # the target is half-run: its names below that point do not exist yet. That was reported as
+    # "symbol 'f' not found" and the patch marked done, so no later activation applied it.
+    lab = Lab(wheel_venv, tmp_path).target({
+        "half/__init__.py": "",
+        "half/m.py": '''
+            import half.plugin
+
+            def f():
+                return "orig"
+            ''',
+        "half/plugin.py": '''
+            import importpatch
+            from importpatch import Patch
+            Patch("early").replace("half.m:f", lambda: "patched")
+            importpatch.enable()
+            ''',
+    })
+    out = lab.json('''
+        import json, importpatch, importpatch.events as ev
+        import half.m
+        first = half.m.f()
+        importpatch.enable()
+        print(json.dumps([first, half.m.f(), [e["detail"] for e in ev.events()
+                                              if e["outcome"] == "failed"]]))
+        ''', enable=None, env=NO_VARS)
+    first, after, failures = out
+    assert (first, after) == ("orig", "patched")
+    assert len(failures) == 1
+    assert "half.m was still being imported when patching started" in failures[0]
+    assert "not found" not in failures[0]
