@@ -744,10 +744,7 @@ def _after_earlier(op: Op, earlier: list[Op]) -> str:
                 "start)")
     replacing = [e for e in before if e.kind in (REPLACE, SET)]
     if op.kind in (REPLACE, SET) and replacing:
-        names = sorted({op.patch.name, replacing[0].patch.name})
-        verb = "set" if op.kind == SET and replacing[0].kind == SET else "replace"
-        return (f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
-                f"{op.qualname}; enable one of them ({replacing[0].patch.name!r} was applied "
+        return (_conflict([op, replacing[0]]) + f" ({replacing[0].patch.name!r} was applied "
                 "earlier in this process)")
     wraps = [e for e in before if e.kind == WRAP]
     if op.kind in (REPLACE, SET) and wraps:
@@ -769,16 +766,17 @@ def _check_conflicts(module: str, ops: list[Op], file: str | None) -> None:
     for op in ops:
         if op.kind in (REPLACE, SET):
             by_name.setdefault(op.qualname, []).append(op)
-    for qualname, replacing in by_name.items():
+    for replacing in by_name.values():
         if len(replacing) > 1:
-            names = sorted(op.patch.name for op in replacing)
-            verb = "set" if all(op.kind == SET for op in replacing) else "replace"
-            raise PatchError(
-                names[0], module,
-                f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
-                f"{qualname}; enable one of them",
-                file=file,
-            )
+            first = min(op.patch.name for op in replacing)
+            raise PatchError(first, module, _conflict(replacing), file=file)
+
+
+def _conflict(replacing: list[Op]) -> str:
+    names = sorted(op.patch.name for op in replacing)
+    verb = "set" if all(op.kind == SET for op in replacing) else "replace"
+    return (f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
+            f"{replacing[0].qualname}; enable one of them")
 
 
 def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any, Any]:
