@@ -432,3 +432,33 @@ def test_a_name_registered_again_names_only_the_class_registered_last(lab: Lab) 
         ''', enable=None, env=custom("Prio"))
     assert json.loads(proc.stdout.splitlines()[-1]) == ["fcfs", "second", "First", "Prio"]
     assert "declared 2 times" not in proc.stderr
+
+
+def test_apply_that_importpatch_refuses_in_place_fails_as_the_post_reports_failures(
+    lab: Lab,
+) -> None:
+    # A wrap landed at import (IMPORTPATCH_ENABLE); the post's object-target patch then sets the
+    # same method late. importpatch refuses that (it would drop the wrap): apply() must say so
+    # as the post's apply() does, not log "✓" with nothing applied.
+    install(lab, OBJECT_TARGETS, entry_point=False)  # with it, "trace" is refused (Limits)
+    lab.patch({"trace.py": '''
+        from importpatch import Patch
+
+        @Patch("trace").wrap("tpkg.sched:Scheduler.schedule")
+        def trace(wrapped, instance, args, kwargs):
+            return "trace(" + wrapped(*args, **kwargs) + ")"
+        '''})
+    out = lab.json(f'''
+import json, logging, io
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.INFO)
+import tpkg.sched, {PACKAGE}
+{PACKAGE}.register_patches()
+print(json.dumps([{PACKAGE}.manager.applied_patches, tpkg.sched.Scheduler().schedule(),
+                  stream.getvalue()]))
+''', enable="trace", env=custom("PriorityScheduler"))
+    applied, schedule, logged = out
+    assert "PriorityScheduler" not in applied and schedule == "trace(fcfs)"
+    assert "✓ PrioritySchedulerPatch" not in logged
+    assert "Failed to apply PriorityScheduler: " in logged
+    assert "already wrapped by 'trace'" in logged
