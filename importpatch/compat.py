@@ -125,6 +125,10 @@ class PatchManager:
 
     def register(self, name: str, patch_class: type) -> None:
         """Register a patch for later application."""
+        replaced = self.available_patches.get(name)
+        if replaced is not None and replaced is not patch_class \
+                and _registered.get(replaced) == name:
+            del _registered[replaced]  # the dict forgot it under this name: so does its name
         self.available_patches[name] = patch_class
         _registered.setdefault(patch_class, name)
         logger.info("Registered patch: %s", name)
@@ -257,6 +261,7 @@ class ClassPatch(Patch):
 _registered: dict[type, str] = {}  # patch class -> name given to a compat PatchManager
 _declared: dict[type, ClassPatch] = {}  # patch class -> the catalog's declaration
 _applied: set[type] = set()  # patch classes apply() handled in this process
+_refused: dict[type, str] = {}  # patch class -> why importpatch did not apply it in place
 _records: dict[tuple[str, str], dict[str, str]] = {}  # (module, qualname) -> {attr: class name}
 
 
@@ -318,6 +323,8 @@ def _apply(cls: type) -> None:
     target = cls._patch_target  # type: ignore[attr-defined]
     modules, qual, obj = _where(target)
     label = _label(target)
+    if cls in _refused:  # importpatch will not try it again in this process
+        raise ValueError(_refused[cls])
     if cls in _applied:
         return  # never twice (the post raised "already patched by" the patch itself)
     attrs = [name for name, _ in _attributes(cls)]
@@ -341,8 +348,6 @@ def _apply(cls: type) -> None:
 
 def _switch_on(cls: type, name: str, obj: Any, modules: tuple[str, ...], qual: str) -> str:
     """Have importpatch apply the patch class in this process; says how it went."""
-    import importpatch
-
     from . import catalog, config
     from .finder import installed
 
@@ -352,7 +357,7 @@ def _switch_on(cls: type, name: str, obj: Any, modules: tuple[str, ...], qual: s
     if obj is None:
         known = [e for e in catalog.load(config.read()) if e.name == name and e.modules]
         if known:  # the package's importpatch.patches entry point declares it: one object
-            importpatch.enable(name)
+            _enable(cls, name)
             return "switched on late: in place where imported, at the definition site elsewhere"
     elif not _addressable(obj, modules, qual):
         # Not reachable by name (a class made in a function, a re-export): the post's setattr.
@@ -361,8 +366,25 @@ def _switch_on(cls: type, name: str, obj: Any, modules: tuple[str, ...], qual: s
         return "set directly (the target cannot be found by name; no copies re-bound)"
     # Made outside discovery, the live patch joins the registry that enable() switches on.
     ClassPatch(cls, name, live=True)
-    importpatch.enable(name)
+    _enable(cls, name)
     return "switched on late: in place, copies re-bound"
+
+
+def _enable(cls: type, name: str) -> None:
+    """``importpatch.enable(name)``; where importpatch refused the patch in place (nothing of it
+    applied: an Enum member, a wrap it would drop, ...) raise ValueError, as the post's apply()
+    fails (its PatchManager logs "Failed to apply NAME: ...")."""
+    import importpatch
+
+    from . import events
+
+    start = len(events.events())
+    importpatch.enable(name)
+    failed = [e for e in events.events()[start:]
+              if e["outcome"] == "failed" and e["patch"] == name]
+    if failed:
+        _refused[cls] = f"{failed[0]['target']}: {failed[0]['detail']}"
+        raise ValueError(_refused[cls])
 
 
 def _vllm_version() -> str | None:

@@ -581,6 +581,7 @@ class ModulePlan:
         for op in self.ops:
             events.record("applied", op.patch.name, f"{self.module}:{op.qualname}",
                           how_of.get(id(op), "definition-site"), op.kind, chain=links.get(id(op)))
+        _landed[self.module] = (namespace, list(self.ops))  # a reload starts the record afresh
         self.finished = True
 
     def _after_exec_how(self, patch: str, qual: str) -> str:
@@ -612,10 +613,14 @@ class ModulePlan:
         how (decorators re-applied: see ``redecorate``), all of a patch or none of it."""
         by_patch: dict[str, list[tuple[Op, Any, Any]]] = {}
         problems: dict[str, str] = {}
+        earlier = landed_on(self.module, namespace)
         for op in self.ops:
             assert op.qualname is not None
             owner_qual, _, attr = op.qualname.rpartition(".")
             try:
+                refusal = _after_earlier(op, earlier)
+                if refusal:
+                    raise LateRefusal(refusal)
                 owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
                 store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
                 if isinstance(owner, enum.EnumMeta) and attr in owner.__members__:
@@ -669,10 +674,11 @@ class ModulePlan:
                 current = settle(current, self.module, qual, self.named)
             _set(owner, attr, current)
             self.final[qual] = current
-        links = chain_links(ops_ok)
+        links = chain_links([*earlier, *ops_ok])  # places in the whole chain, as at import
         for op in ops_ok:
             events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", "in-place",
                           op.kind, chain=links.get(id(op)))
+        _landed[self.module] = (namespace, [*earlier, *ops_ok])
         self.finished = True
 
 
@@ -711,22 +717,66 @@ def chain_links(ops: Iterable[Op]) -> dict[int, dict[str, Any]]:
     return out
 
 
+# What landed on each module so far: the import's operations (``finish``), then each late
+# activation's (``apply_in_place``), with the namespace they landed in. A late activation applies
+# on what is there, so it must know it: a replace enabled later would otherwise silently drop the
+# wraps above it, a second replace silently win (at import: a conflict), and a wrap enabled later
+# go outermost whatever its place in the chain. Invariant: a late operation lands only where the
+# target's chain ends up as one activation of all of them would have made it.
+_landed: dict[str, tuple[dict[str, Any], list[Op]]] = {}
+
+
+def landed_on(module: str, namespace: dict[str, Any]) -> list[Op]:
+    """The operations that landed on ``module`` (this namespace) before, in the order applied."""
+    entry = _landed.get(module)
+    return entry[1] if entry is not None and entry[0] is namespace else []
+
+
+def _after_earlier(op: Op, earlier: list[Op]) -> str:
+    """Why ``op`` cannot land on top of the operations that landed before it, or ""."""
+    if op.kind not in (REPLACE, WRAP, SET):
+        return ""
+    before = [e for e in earlier if e.qualname == op.qualname and e.kind in (REPLACE, WRAP, SET)
+              and e.patch.name != op.patch.name]
+    if not before:
+        return ""
+    together = ("enable them together (one enable() call, or IMPORTPATCH_ENABLE at interpreter "
+                "start)")
+    replacing = [e for e in before if e.kind in (REPLACE, SET)]
+    if op.kind in (REPLACE, SET) and replacing:
+        return (_conflict([op, replacing[0]]) + f" ({replacing[0].patch.name!r} was applied "
+                "earlier in this process)")
+    wraps = [e for e in before if e.kind == WRAP]
+    if op.kind in (REPLACE, SET) and wraps:
+        listed = " and ".join(repr(e.patch.name) for e in wraps)
+        return (f"{op.qualname} is already wrapped by {listed} (applied earlier in this "
+                "process); a replace goes beneath the wraps, and applying it now would drop "
+                f"them: {together}")
+    outer = chain([*before, op])[-1]
+    if outer is not op:
+        return (f"the wrap of {op.qualname} goes inside the wrap of {outer.patch.name!r} (by "
+                "decorated, order, then patch name), which was applied earlier in this process; "
+                f"applying it now would put it outside: {together}")
+    return ""
+
+
 def _check_conflicts(module: str, ops: list[Op], file: str | None) -> None:
     # Two patches replacing (or setting) one name: whichever ran last would silently win.
     by_name: dict[str | None, list[Op]] = {}
     for op in ops:
         if op.kind in (REPLACE, SET):
             by_name.setdefault(op.qualname, []).append(op)
-    for qualname, replacing in by_name.items():
+    for replacing in by_name.values():
         if len(replacing) > 1:
-            names = sorted(op.patch.name for op in replacing)
-            verb = "set" if all(op.kind == SET for op in replacing) else "replace"
-            raise PatchError(
-                names[0], module,
-                f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
-                f"{qualname}; enable one of them",
-                file=file,
-            )
+            first = min(op.patch.name for op in replacing)
+            raise PatchError(first, module, _conflict(replacing), file=file)
+
+
+def _conflict(replacing: list[Op]) -> str:
+    names = sorted(op.patch.name for op in replacing)
+    verb = "set" if all(op.kind == SET for op in replacing) else "replace"
+    return (f"conflict: patches {' and '.join(repr(n) for n in names)} both {verb} "
+            f"{replacing[0].qualname}; enable one of them")
 
 
 def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any, Any]:

@@ -22,6 +22,9 @@ What is done, exactly:
   module and name; the summary line gives the count.
 - Values copied in other ways (into a dict or list, a default argument, ``functools.partial``, a
   registry, ``getattr``) keep the original: only patching at import reaches them.
+- What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
+  the chain ends up as one activation would have made it, else it is refused whole
+  (``landing.landed_on``).
 - Source diffs and AST transforms cannot change code that already ran: they are refused with a
   clear message.
 - A patch whose declaration fails to load is reported and not marked handled, so the next
@@ -62,6 +65,18 @@ def apply_to_imported(finder: PatchFinder) -> int:
         seen = handled(module)
         entries = [e for e in entries if e.name not in seen]
         if not entries:
+            continue
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            # enable() ran inside this module's own import (a plugin it imports, a circular
+            # import): what it binds below that point does not exist yet, and its loader is not
+            # ours. Not marked handled: the next activation, after it ran, applies the patches.
+            for e in entries:
+                events.record(
+                    "failed", e.name, name, "in-place",
+                    f"{name} was still being imported when patching started (enable() ran "
+                    "inside its import); its patches apply at the next activation, or enable "
+                    "them at interpreter start (IMPORTPATCH_ENABLE in the environment)",
+                )
             continue
         for e in entries:
             retry_declaration(e)

@@ -10,6 +10,11 @@ patches enabled and its own events folder::
         assert r.result == 42                      # the snippet's ``result``, through JSON
         assert [e["patch"] for e in r.applied] == ["my-patch"]
 
+The child finds patches where this environment does (``IMPORTPATCH_PATH``, as
+``assert_applies_cleanly`` does, plus ``path=``; installed patch packages); which patches are on is
+only ``enable``. A name of ``enable`` that no patch of the child has fails the test (the snippet
+would run unpatched).
+
 ``.events`` holds the events of that process and of every process it started (they inherit
 ``IMPORTPATCH_EVENTS_DIR``), oldest first; ``.processes`` the ``started`` line of each process
 where the hook was active (``importpatch status`` draws the tree from them). Where
@@ -35,13 +40,18 @@ from typing import Any
 
 import pytest
 
-# Runs in the child: the hook first (unless the .pth already installed it), then the snippet as
-# __main__, then ``result`` as JSON to the file named by argv[2].
+# Runs in the child: the hook first (unless the .pth already installed it); the names of
+# ``enable`` (argv[3]) that no patch of the child has, as JSON to argv[4] (the snippet would run
+# unpatched); then the snippet as __main__, then ``result`` as JSON to the file named by argv[2].
 _DRIVER = """\
 import json, runpy, sys
 if "importpatch._boot" not in sys.modules:
     import importpatch._boot
     importpatch._boot.start()
+from importpatch import catalog, config
+known = {e.name for e in catalog.load(config.read())}
+with open(sys.argv[4], "w", encoding="utf-8") as f:
+    json.dump([n for n in json.loads(sys.argv[3]) if n not in known and n != "all"], f)
 ns = runpy.run_path(sys.argv[1], run_name="__main__")
 if "result" in ns:
     with open(sys.argv[2], "w", encoding="utf-8") as f:
@@ -82,14 +92,22 @@ def _child_env(
     enable: Sequence[str], events_dir: Path, env: Mapping[str, str | None] | None,
     path: Sequence[str | os.PathLike[str]] | None,
 ) -> dict[str, str]:
+    # Which patches are on, and where events go, are the run's own; where patches and the cache
+    # are stay the environment's (assert_applies_cleanly reads the same IMPORTPATCH_PATH).
     out = {
         k: v for k, v in os.environ.items()
         if not k.startswith(("IMPORTPATCH_", "VLLM_IMPORTPATCH_"))
+        or k.partition("IMPORTPATCH_")[2] in _KEPT
     }
     out["IMPORTPATCH_ENABLE"] = ",".join(enable)
     out["IMPORTPATCH_EVENTS_DIR"] = str(events_dir)
     if path:
-        out["IMPORTPATCH_PATH"] = os.pathsep.join(os.fspath(p) for p in path)
+        from . import config
+
+        extra = os.pathsep.join(os.fspath(p) for p in path)
+        out[config.PATH] = os.pathsep.join(filter(None, [config.get(os.environ, config.PATH),
+                                                         extra]))
+        out.pop(config.VLLM_PREFIX + config.PATH, None)  # merged above: no "both set" warning
     for key, value in (env or {}).items():
         if value is None:
             out.pop(key, None)
@@ -99,6 +117,9 @@ def _child_env(
     if here not in _site_dirs():  # a checkout: let the child import this importpatch
         out["PYTHONPATH"] = os.pathsep.join(filter(None, [out.get("PYTHONPATH"), here]))
     return out
+
+
+_KEPT = ("PATH", "CACHE_DIR", "NO_CACHE")
 
 
 def _site_dirs() -> set[str]:
@@ -127,12 +148,22 @@ def importpatch_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., R
         events_dir = work / "events"
         events_dir.mkdir(parents=True)
         snippet, result_file = work / "snippet.py", work / "result.json"
+        unknown_file = work / "unknown.json"
         snippet.write_text(textwrap.dedent(code), encoding="utf-8")
         proc = subprocess.run(
-            [sys.executable, "-c", _DRIVER, str(snippet), str(result_file)],
+            [sys.executable, "-c", _DRIVER, str(snippet), str(result_file),
+             json.dumps(list(enable)), str(unknown_file)],
             env=_child_env(enable, events_dir, env, path), capture_output=True, text=True,
             timeout=timeout, cwd=work,
         )
+        unknown = json.loads(unknown_file.read_text(encoding="utf-8")) \
+            if unknown_file.exists() else []
+        if unknown:  # the snippet ran without them: a test of "it works" would pass unpatched
+            folders = _child_env(enable, events_dir, env, path).get("IMPORTPATCH_PATH", "")
+            pytest.fail(
+                f"importpatch_run: enable={unknown!r}: no patch of that name in the child "
+                f"(IMPORTPATCH_PATH={folders!r}; pass path=[folder], or install the patch "
+                f"package); its stderr:\n{proc.stderr}", pytrace=False)
         result = None
         if result_file.exists():
             result = json.loads(result_file.read_text(encoding="utf-8"))

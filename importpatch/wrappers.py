@@ -34,6 +34,19 @@ class _BoundTargetWrapper(_Bound):
 
     __reduce__ = __reduce_ex__  # type: ignore[assignment]
 
+    # As Python copies what this stands for (wrapt's proxies raise): ``Class.method`` (a
+    # function) itself; a bound method the same binding, or deep, bound to a copy of the instance.
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        if self._self_instance is None:
+            return self
+        import copy
+
+        func, args = self.__reduce_ex__(4)
+        return func(*copy.deepcopy(args, memo))
+
     @property  # type: ignore[misc]
     def __class__(self) -> type:
         # ``Class.method``: wrapt makes a new one at each access, so no name finds this one, and
@@ -59,6 +72,14 @@ class TargetWrapper(_Wrapper):
         return by_reference, _reference(self._self_target, self)
 
     __reduce__ = __reduce_ex__  # type: ignore[assignment]
+
+    # ``copy`` keeps a function or a class itself (and so a config holding one is deep-copied
+    # with it); wrapt's proxies raise "object proxy must define __deepcopy__()" instead.
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A class wrapped before its decorators run (decorated=False): a class decorator such as

@@ -397,3 +397,68 @@ print(json.dumps([tpkg.core.run(1), manager.applied_patches, manager.apply_patch
     logged = [line.split(":", 2)[-1] for line in out[4]]
     assert "Registered patch: Managed" in logged and "Unknown patch: Nope" in logged
     assert "Successfully applied: ['Managed']" in logged
+
+
+def test_a_name_registered_again_names_only_the_class_registered_last(lab: Lab) -> None:
+    # The post's PatchManager keeps a dict: registering a name again replaces the class, and
+    # apply_from_env() applies only the last one. importpatch named both classes after it, so at
+    # interpreter start both were on under one name ("declared 2 times", no warning at run time).
+    pkg = {"dupes/__init__.py": '''
+        from importpatch.compat import PatchManager, VLLMPatch
+
+        class First(VLLMPatch["tpkg.sched:Scheduler"]):
+            def schedule(self):
+                return "first"
+
+        class Second(VLLMPatch["tpkg.sched:Scheduler"]):
+            def extra(self):
+                return "second"
+
+        manager = PatchManager()
+
+        def register_patches():
+            manager.register("Prio", First)
+            manager.register("Prio", Second)
+        '''}
+    install_dist(lab.venv, lab.targets, "dupes", "0.1.0", pkg, top_level=["dupes"],
+                 entry_points="[importpatch.patches]\ndupes = dupes:register_patches\n")
+    proc = lab.ok('''
+        import json, tpkg.sched
+        from importpatch.compat import name_of
+        import dupes
+        s = tpkg.sched.Scheduler()
+        print(json.dumps([s.schedule(), getattr(s, "extra", lambda: None)(),
+                          name_of(dupes.First), name_of(dupes.Second)]))
+        ''', enable=None, env=custom("Prio"))
+    assert json.loads(proc.stdout.splitlines()[-1]) == ["fcfs", "second", "First", "Prio"]
+    assert "declared 2 times" not in proc.stderr
+
+
+def test_apply_that_importpatch_refuses_in_place_fails_as_the_post_reports_failures(
+    lab: Lab,
+) -> None:
+    # A wrap landed at import (IMPORTPATCH_ENABLE); the post's object-target patch then sets the
+    # same method late. importpatch refuses that (it would drop the wrap): apply() must say so
+    # as the post's apply() does, not log "✓" with nothing applied.
+    install(lab, OBJECT_TARGETS, entry_point=False)  # with it, "trace" is refused (Limits)
+    lab.patch({"trace.py": '''
+        from importpatch import Patch
+
+        @Patch("trace").wrap("tpkg.sched:Scheduler.schedule")
+        def trace(wrapped, instance, args, kwargs):
+            return "trace(" + wrapped(*args, **kwargs) + ")"
+        '''})
+    out = lab.json(f'''
+import json, logging, io
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.INFO)
+import tpkg.sched, {PACKAGE}
+{PACKAGE}.register_patches()
+print(json.dumps([{PACKAGE}.manager.applied_patches, tpkg.sched.Scheduler().schedule(),
+                  stream.getvalue()]))
+''', enable="trace", env=custom("PriorityScheduler"))
+    applied, schedule, logged = out
+    assert "PriorityScheduler" not in applied and schedule == "trace(fcfs)"
+    assert "✓ PrioritySchedulerPatch" not in logged
+    assert "Failed to apply PriorityScheduler: " in logged
+    assert "already wrapped by 'trace'" in logged

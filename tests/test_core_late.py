@@ -379,3 +379,103 @@ def test_a_declaration_that_failed_to_load_late_is_tried_again(tmp_path: Path, w
         ''', enable=None, env=NO_VARS)
     assert out[0] == "orig" and out[1] == "flaky"
     assert out[2] == ["failed", "applied"]
+
+
+def test_a_later_activation_composes_with_what_landed_before_or_refuses(lab: Lab) -> None:
+    # Each activation applies its own patches on what is there. Without a record of what landed
+    # earlier, a replace enabled later silently threw away a wrap applied at import, a second
+    # replace silently won over the first (both on at import: a conflict), and a wrap enabled
+    # later went outermost whatever its place in the chain.
+    lab.patch({"lw.py": '''
+        from importpatch import Patch
+
+        @Patch("lw").wrap("lpk.m:f")
+        def w(wrapped, instance, args, kwargs):
+            return "lw(" + wrapped(*args, **kwargs) + ")"
+        '''})
+    out = lab.json('''
+        import json, lpk.m, lpk.u1
+        import importpatch, importpatch.events as ev
+        from importpatch import Patch
+
+        def wrapper(label):
+            return lambda wrapped, instance, args, kwargs: f"{label}(" + wrapped() + ")"
+
+        seen = [lpk.m.f()]
+        Patch("api-replace").replace("lpk.m:f", lambda: "api")   # beneath the wrap: refused
+        importpatch.enable()
+        seen.append(lpk.m.f())
+        Patch("a-inner").wrap("lpk.m:f", wrapper("a"))           # before "lw": refused
+        importpatch.enable()
+        seen.append(lpk.m.f())
+        Patch("z-outer").wrap("lpk.m:f", wrapper("z"))           # after "lw": as at import
+        importpatch.enable()
+        seen.append(lpk.m.f())
+        seen.append(lpk.u1.f())
+        chains = [e["chain"]["patch"] + " %(position)s/%(length)s" % e["chain"]
+                  for e in ev.events() if e["outcome"] == "applied"]
+        print(json.dumps([seen, chains, {e["patch"]: e["detail"] for e in ev.events()
+                                         if e["outcome"] == "failed"}]))
+        ''', enable="lw")
+    seen, chains, failures = out
+    assert seen == ["lw(orig)", "lw(orig)", "lw(orig)", "z(lw(orig))", "z(lw(orig))"]
+    assert chains == ["lw 1/1", "z-outer 2/2"]
+    assert sorted(failures) == ["a-inner", "api-replace"]
+    assert "already wrapped by 'lw'" in failures["api-replace"]
+    assert "a replace goes beneath the wraps" in failures["api-replace"]
+    assert "goes inside the wrap of 'lw'" in failures["a-inner"]
+    assert "enable them together" in failures["a-inner"]
+
+
+def test_a_second_replace_enabled_later_is_the_conflict_it_is_at_import(lab: Lab) -> None:
+    out = lab.json('''
+        import json, lpk.m
+        import importpatch, importpatch.events as ev
+        from importpatch import Patch
+        Patch("first").replace("lpk.m:f", lambda: "first")
+        importpatch.enable()
+        Patch("second").replace("lpk.m:f", lambda: "second")
+        importpatch.enable()
+        print(json.dumps([lpk.m.f(), [e["detail"] for e in ev.events()
+                                      if e["outcome"] == "failed"]]))
+        ''', enable=None, env=NO_VARS)
+    f, failures = out
+    assert f == "first"
+    assert len(failures) == 1
+    assert "conflict: patches 'first' and 'second' both replace f" in failures[0]
+
+
+def test_enable_inside_the_targets_own_import_says_so_and_a_later_activation_applies(
+    tmp_path: Path, wheel_venv: Venv
+) -> None:
+    # A module imported by the target (a plugin loader, a circular import) calls enable() while
+    # the target is half-run: its names below that point do not exist yet. That was reported as
+    # "symbol 'f' not found" and the patch marked done, so no later activation applied it.
+    lab = Lab(wheel_venv, tmp_path).target({
+        "half/__init__.py": "",
+        "half/m.py": '''
+            import half.plugin
+
+            def f():
+                return "orig"
+            ''',
+        "half/plugin.py": '''
+            import importpatch
+            from importpatch import Patch
+            Patch("early").replace("half.m:f", lambda: "patched")
+            importpatch.enable()
+            ''',
+    })
+    out = lab.json('''
+        import json, importpatch, importpatch.events as ev
+        import half.m
+        first = half.m.f()
+        importpatch.enable()
+        print(json.dumps([first, half.m.f(), [e["detail"] for e in ev.events()
+                                              if e["outcome"] == "failed"]]))
+        ''', enable=None, env=NO_VARS)
+    first, after, failures = out
+    assert (first, after) == ("orig", "patched")
+    assert len(failures) == 1
+    assert "half.m was still being imported when patching started" in failures[0]
+    assert "not found" not in failures[0]

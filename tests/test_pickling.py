@@ -415,3 +415,31 @@ def test_a_wrapped_method_binds_as_wrapt_binds(lab: Lab) -> None:
         ''', enable="pk")
     assert out == ["wrapped(orig:2)", "wrapped(orig:3)", "wrapped(orig:4)", "wrapped(orig:5)",
                    True, True, True, False, False]
+
+
+def test_copy_and_deepcopy_treat_wrapped_objects_as_python_treats_functions(lab: Lab) -> None:
+    """``copy`` keeps a function or class itself; a structure holding one (a config, vLLM's
+    ``SamplingParams.clone``) is deep-copied with it. wrapt's proxies raise there instead
+    (``object proxy must define __deepcopy__()``): a wrap must not change that."""
+    out = lab.json('''
+        import copy, json
+        import pk.m as m
+        c = m.C()
+        atomic = {"f": m.f_wrapped, "C.meth": m.C.meth_wrapped, "st": m.C.st_wrapped,
+                  "cm.fget": m.C.prop_wrapped.fget, "Boxed": m.Boxed,
+                  "deep": m.Outer.Inner.deep_wrapped}
+        rows = {}
+        for label, obj in atomic.items():
+            rows[label] = [copy.copy(obj) is obj, copy.deepcopy({"k": obj})["k"] is obj]
+        bound = c.meth_wrapped
+        shallow, deep = copy.copy(bound), copy.deepcopy([c, bound])
+        rows["bound"] = [shallow.__self__ is c, shallow(1), deep[1].__self__ is deep[0],
+                         deep[0] is not c, deep[1](2)]
+        cm = copy.deepcopy(m.C.cm_wrapped)
+        rows["classmethod"] = [cm.__self__ is m.C, cm(3)]
+        print(json.dumps(rows))
+        ''', enable="pk")
+    assert out.pop("bound") == [True, "wrapped(orig:1)", True, True, "wrapped(orig:2)"]
+    assert out.pop("classmethod") == [True, "wrapped(orig:3)"]
+    assert out == {label: [True, True] for label in out}
+    assert sorted(out) == ["Boxed", "C.meth", "cm.fget", "deep", "f", "st"]

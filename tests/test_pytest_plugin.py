@@ -127,3 +127,39 @@ def test_plugin_is_registered_by_the_installed_wheel(
     assert "6 passed" in proc.stdout
     listed = venv.run(["-m", "pytest", "--fixtures", "-p", "no:cacheprovider"], cwd=tmp_path)
     assert "importpatch_run" in listed.stdout
+
+
+ENVIRONMENT_TESTS = '''
+import pytest
+
+TARGET = {target!r}
+
+
+def test_the_patch_folder_of_the_environment_is_the_childs(importpatch_run):
+    # assert_applies_cleanly reads IMPORTPATCH_PATH; the child must find the same patches
+    r = importpatch_run("import spkg.mod\\nresult = spkg.mod.f()", enable=["wrap-f"],
+                        env={{"PYTHONPATH": TARGET}})
+    assert (r.returncode, r.result) == (0, 2), r.stderr
+
+
+def test_a_name_the_child_does_not_know_fails_the_run(importpatch_run):
+    # else the snippet runs unpatched, and a test that asserts only "it did not crash" passes
+    with pytest.raises(pytest.fail.Exception) as info:
+        importpatch_run("import spkg.mod", enable=["wrap-f", "wrap-typo"],
+                        env={{"PYTHONPATH": TARGET}})
+    assert "importpatch_run: enable=['wrap-typo']" in str(info.value)
+    assert "no patch of that name in the child" in str(info.value)
+'''
+
+
+def test_the_child_sees_the_environments_patches_and_an_unknown_name_fails(
+    pytester: pytest.Pytester, inner_tests: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = tmp_path / "target"  # made by inner_tests
+    monkeypatch.setenv("IMPORTPATCH_PATH", str(tmp_path / "patches"))
+    monkeypatch.setenv("IMPORTPATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("IMPORTPATCH_ENABLE", raising=False)
+    pytester.makepyfile(test_env=ENVIRONMENT_TESTS.format(target=str(target)))
+    result = pytester.runpytest_subprocess("-p", "no:importpatch", "-p",
+                                           "importpatch.pytest_plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
