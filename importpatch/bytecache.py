@@ -176,8 +176,11 @@ def folder(root: str, *parts: str) -> str | None:
 def read_owned(path: str, why: list[str] | None = None) -> bytes | None:
     """The bytes of the cache file ``path`` if it is a regular file of ours that nobody else
     can write; else None (and the reason appended to ``why``)."""
+    # O_NONBLOCK: opening a FIFO put where a cache file should be must not wait for a writer
+    # (fstat then finds it is not a file); it changes nothing for a regular file.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -419,3 +419,23 @@ def test_default_on_patch_second_process_does_not_scan_entry_points(
     mods = _imported(proc.stderr)
     assert "importpatch._boot" in mods and "acme_target" in mods
     assert not [m for m in mods if m.startswith("importlib.metadata")], mods
+
+
+@pytest.mark.parametrize("which", ["entry", "published text", "producers memo"])
+def test_fifo_in_place_of_a_cache_file_is_ignored_not_waited_on(
+    wheel_venv: Venv, setup: tuple[Path, Path, Path], which: str
+) -> None:
+    # Opening a FIFO for reading blocks until a writer comes: the import must not hang on one.
+    target, patches, cache = setup
+    env = patch_env(patches, cache, "bump")
+    counted_import(wheel_venv, ["tpkg.mod"], env, target)
+    (entry,) = cache_entries(cache)
+    (published,) = (cache / "src").rglob("mod.py")
+    path = {"entry": entry, "published text": published,
+            "producers memo": cache / "catalog" / "producers"}[which]
+    path.unlink()
+    os.mkfifo(path)
+    proc = wheel_venv.run(["-c", "import tpkg.mod as m; print(m.f())"],
+                          env={**env, "PYTHONPATH": str(target)}, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.split() == ["2"], proc.stderr
+
