@@ -335,9 +335,13 @@ class PatchLoader:
         facts = landing.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
             code, _, patched = cached
-            if patched != text:
-                publish.publish(origin, patched, cache_root)
-        else:
+            filename = publish.publish(origin, patched, cache_root) if patched != text else origin
+            if code.co_filename != filename:
+                # The entry's code names a published file this process cannot vouch for (its
+                # folder is not safe now, or it cannot be written): what is read there need not
+                # be the patched text. Compile under the name publish gave.
+                facts = None
+        if facts is None:
             from . import transforms  # not on the cache-hit path: it imports difflib, dataclasses
 
             patched = text

@@ -439,3 +439,30 @@ def test_fifo_in_place_of_a_cache_file_is_ignored_not_waited_on(
                           env={**env, "PYTHONPATH": str(target)}, timeout=30)
     assert proc.returncode == 0 and proc.stdout.split() == ["2"], proc.stderr
 
+
+SHOW_SOURCE = "import inspect, tpkg.mod as m; print(m.f.__code__.co_filename); "
+SHOW_SOURCE += "print(inspect.getsource(m.f), end='')"
+
+
+def test_warm_entry_never_names_a_published_file_in_a_folder_that_is_not_safe(
+    wheel_venv: Venv, setup: tuple[Path, Path, Path]
+) -> None:
+    # The code of an entry names the published file it was compiled under. When this process
+    # cannot trust that folder (another user may write it), what inspect, linecache and Triton
+    # read there is not the patched text: the entry must not be used as is.
+    target, patches, cache = setup
+    env = {**patch_env(patches, cache, "bump"), "PYTHONPATH": str(target)}
+    cold = wheel_venv.run(["-c", SHOW_SOURCE], env=env)
+    published = Path(cold.stdout.splitlines()[0])
+    assert published.is_relative_to(cache / "src") and "return 2" in cold.stdout
+    (cache / "src").chmod(0o777)
+    published.parent.chmod(0o777)
+    published.chmod(0o666)
+    published.write_text("def f():\n    return 'written by someone else'\n", encoding="utf-8")
+    warm = wheel_venv.run(["-c", SHOW_SOURCE], env=env)
+    assert warm.returncode == 0, warm.stderr
+    filename, *source = warm.stdout.splitlines()
+    assert source == ["def f():", "    return 2"], warm.stdout
+    assert filename == str(target / "tpkg" / "mod.py")
+    assert "writable by others" in warm.stderr
+
