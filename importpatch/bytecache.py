@@ -9,8 +9,9 @@ Invariants:
 - The key is a 128-bit hash over everything that changes the compiled code: the original source
   bytes, the content of every applied code operation in the order it is applied (diff hunks; an
   AST transform's defining file, its place there, closure values and defaults), the targeted
-  names, the interpreter's magic number and optimisation level, the project's version, the module
-  name, its file and the root (the code's file name is one of them). Patch *names*, toggles, log
+  names and those whose facts are stored with the code (``landing.fact_quals``), the
+  interpreter's magic number and optimisation level, the project's version, the module name,
+  its file and the root (the code's file name is one of them). Patch *names*, toggles, log
   settings and replacement objects are not in it: they do not change the code (replacements are
   looked up when the module executes). A transform is keyed by the whole text of the file that
   defines it and, for a patch of a patch folder, by the content of every helper of that
@@ -315,9 +316,11 @@ _producers: bytes | None = None
 
 def key(
     module: str, source: bytes, ops: Iterable[Op], qualnames: list[str], root: str | None,
-    origin: str | None = None,
+    origin: str | None = None, fact_quals: Iterable[str] = (),
 ) -> bytes:
-    """The cache key of ``module`` built from ``source`` with ``ops``; b"" for uncacheable."""
+    """The cache key of ``module`` built from ``source`` with ``ops``; b"" for uncacheable.
+    ``qualnames`` decide the landings compiled in; ``fact_quals`` the facts stored beside the code
+    (an add on ``C`` and a set of ``C.kind`` land on the same name but need different facts)."""
     from importlib.util import MAGIC_NUMBER
 
     from . import __version__
@@ -334,6 +337,7 @@ def key(
         (root or "").encode("utf-8", "surrogateescape"),
         _imp.source_hash(_SIPHASH_KEYS[0], source),  # 64 bits, as CPython's checked .pyc files
         "\0".join(sorted(qualnames)).encode(),
+        "\0".join(sorted(fact_quals)).encode(),
     ]
     for op in code_ops:
         fp = op_fingerprint(op)

@@ -330,7 +330,7 @@ class PatchLoader:
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
-        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
+        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals)
         cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
         facts = landing.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:

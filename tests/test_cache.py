@@ -466,3 +466,36 @@ def test_warm_entry_never_names_a_published_file_in_a_folder_that_is_not_safe(
     assert filename == str(target / "tpkg" / "mod.py")
     assert "writable by others" in warm.stderr
 
+
+ADD_PATCH = """\
+from importpatch import Patch
+
+patch = Patch("adder")
+
+
+@patch.add("tpkg.side:C.{attr}")
+def added(self):
+    return "added"
+"""
+SIDE = "print('module body ran')\n\n\nclass C:\n    def kind(self):\n        return 1\n"
+
+
+def test_facts_of_an_entry_are_those_of_the_enabled_operations(
+    wheel_venv: Venv, tmp_path: Path, target_pkg: MakeTarget
+) -> None:
+    # An add on C and a set of C.kind both land on C (same landing names, same code), but what
+    # the source must prove differs: an add of a name C already has fails *before* the module
+    # body runs, cached or not.
+    target = target_pkg({"tpkg/__init__.py": "", "tpkg/side.py": SIDE})
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    env = {**patch_env(patches, tmp_path / "cache", "adder"), "PYTHONPATH": str(target)}
+    show = "import tpkg.side as m; print(m.C().kind())"
+    (patches / "adder.py").write_text(ADD_PATCH.format(attr="extra"), encoding="utf-8")
+    assert wheel_venv.run(["-c", show], env=env).stdout.split() == ["module", "body", "ran", "1"]
+    (patches / "adder.py").write_text(ADD_PATCH.format(attr="kind"), encoding="utf-8")
+    for how, run_env in (("no cache", {**env, "IMPORTPATCH_NO_CACHE": "1"}), ("cached", env)):
+        proc = wheel_venv.run(["-c", show], env=run_env)
+        assert proc.returncode != 0, how
+        assert "'kind' already exists (line 5)" in proc.stderr, (how, proc.stderr)
+        assert "module body ran" not in proc.stdout, how
