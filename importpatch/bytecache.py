@@ -70,6 +70,8 @@ _root_problem: str | None = None
 # Entries not read for this long get their mtime refreshed when read: prune() removes the least
 # recently used first, and a refresh costs one syscall a day per entry.
 _TOUCH_AFTER_S = 86_400
+# A temporary file of write_atomic younger than this belongs to a writer at work: prune() keeps it.
+_WRITER_AT_WORK_S = 3600
 # The cache is pruned to PRUNE_TO of this size when a new entry makes it bigger (see prune()).
 MAX_BYTES = 256 * 1024 * 1024
 PRUNE_TO = 0.75
@@ -475,12 +477,15 @@ def prune(root: str, max_bytes: int | None = None, older_than_s: float | None = 
           ) -> tuple[int, int]:
     """Remove compiled entries and published texts, least recently used first, until the cache
     holds at most ``max_bytes`` (and every one not used for ``older_than_s``); indexes and stamps
-    are rebuilt on demand and go when older than ``older_than_s``. Returns (files, bytes)."""
+    are rebuilt on demand and go when older than ``older_than_s``; a writer's temporary file goes
+    only when older than an hour. Returns (files, bytes)."""
     files = sorted(_files(root), key=lambda f: f[2].st_mtime)
     total = sum(st.st_size for _, _, st in files)
     removed = freed = 0
     now = time.time()
     for area, path, st in files:
+        if path.endswith(".tmp") and st.st_mtime > now - _WRITER_AT_WORK_S:
+            continue  # a writer's os.replace would fail (see write_atomic); a crashed one's goes
         old = older_than_s is not None and st.st_mtime < now - older_than_s
         big = max_bytes is not None and total > max_bytes and area in ("code", "src")
         if not (old or big):

@@ -499,3 +499,27 @@ def test_facts_of_an_entry_are_those_of_the_enabled_operations(
         assert proc.returncode != 0, how
         assert "'kind' already exists (line 5)" in proc.stderr, (how, proc.stderr)
         assert "module body ran" not in proc.stdout, how
+
+
+PRUNE_ALL = "import sys; from importpatch import bytecache; print(bytecache.prune(sys.argv[1], 0, 0))"
+
+
+def test_prune_leaves_the_temporary_file_of_a_writer_at_work(
+    wheel_venv: Venv, setup: tuple[Path, Path, Path]
+) -> None:
+    # A prune (another process past the size cap, `importpatch cache prune`) that removes a
+    # writer's temporary file makes its os.replace fail: the entry or the published text is not
+    # written, and the code is compiled under the real path (tracebacks then read the original).
+    target, patches, cache = setup
+    counted_import(wheel_venv, ["tpkg.mod"], patch_env(patches, cache, "bump"), target)
+    (entry,) = cache_entries(cache)
+    (published,) = (cache / "src").rglob("mod.py")
+    writing = [Path(f"{p}.4242-1.tmp") for p in (entry, published)]
+    crashed = [Path(f"{p}.4343-1.tmp") for p in (entry, published)]
+    for tmp in writing + crashed:
+        tmp.write_bytes(b"half")
+    for tmp in crashed:  # a writer that died two hours ago
+        os.utime(tmp, (tmp.stat().st_atime - 7200, tmp.stat().st_mtime - 7200))
+    assert wheel_venv.run(["-c", PRUNE_ALL, str(cache)]).returncode == 0
+    assert not entry.exists() and not published.exists()
+    assert [tmp.exists() for tmp in writing + crashed] == [True, True, False, False]
