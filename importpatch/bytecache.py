@@ -9,8 +9,9 @@ Invariants:
 - The key is a 128-bit hash over everything that changes the compiled code: the original source
   bytes, the content of every applied code operation in the order it is applied (diff hunks; an
   AST transform's defining file, its place there, closure values and defaults), the targeted
-  names, the interpreter's magic number and optimisation level, the project's version, the module
-  name, its file and the root (the code's file name is one of them). Patch *names*, toggles, log
+  names and those whose facts are stored with the code (``landing.fact_quals``), the
+  interpreter's magic number and optimisation level, the project's version, the module name,
+  its file and the root (the code's file name is one of them). Patch *names*, toggles, log
   settings and replacement objects are not in it: they do not change the code (replacements are
   looked up when the module executes). A transform is keyed by the whole text of the file that
   defines it and, for a patch of a patch folder, by the content of every helper of that
@@ -69,6 +70,8 @@ _root_problem: str | None = None
 # Entries not read for this long get their mtime refreshed when read: prune() removes the least
 # recently used first, and a refresh costs one syscall a day per entry.
 _TOUCH_AFTER_S = 86_400
+# A temporary file of write_atomic younger than this belongs to a writer at work: prune() keeps it.
+_WRITER_AT_WORK_S = 3600
 # The cache is pruned to PRUNE_TO of this size when a new entry makes it bigger (see prune()).
 MAX_BYTES = 256 * 1024 * 1024
 PRUNE_TO = 0.75
@@ -176,8 +179,11 @@ def folder(root: str, *parts: str) -> str | None:
 def read_owned(path: str, why: list[str] | None = None) -> bytes | None:
     """The bytes of the cache file ``path`` if it is a regular file of ours that nobody else
     can write; else None (and the reason appended to ``why``)."""
+    # O_NONBLOCK: opening a FIFO put where a cache file should be must not wait for a writer
+    # (fstat then finds it is not a file); it changes nothing for a regular file.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -312,9 +318,11 @@ _producers: bytes | None = None
 
 def key(
     module: str, source: bytes, ops: Iterable[Op], qualnames: list[str], root: str | None,
-    origin: str | None = None,
+    origin: str | None = None, fact_quals: Iterable[str] = (),
 ) -> bytes:
-    """The cache key of ``module`` built from ``source`` with ``ops``; b"" for uncacheable."""
+    """The cache key of ``module`` built from ``source`` with ``ops``; b"" for uncacheable.
+    ``qualnames`` decide the landings compiled in; ``fact_quals`` the facts stored beside the code
+    (an add on ``C`` and a set of ``C.kind`` land on the same name but need different facts)."""
     from importlib.util import MAGIC_NUMBER
 
     from . import __version__
@@ -331,6 +339,7 @@ def key(
         (root or "").encode("utf-8", "surrogateescape"),
         _imp.source_hash(_SIPHASH_KEYS[0], source),  # 64 bits, as CPython's checked .pyc files
         "\0".join(sorted(qualnames)).encode(),
+        "\0".join(sorted(fact_quals)).encode(),
     ]
     for op in code_ops:
         fp = op_fingerprint(op)
@@ -468,12 +477,15 @@ def prune(root: str, max_bytes: int | None = None, older_than_s: float | None = 
           ) -> tuple[int, int]:
     """Remove compiled entries and published texts, least recently used first, until the cache
     holds at most ``max_bytes`` (and every one not used for ``older_than_s``); indexes and stamps
-    are rebuilt on demand and go when older than ``older_than_s``. Returns (files, bytes)."""
+    are rebuilt on demand and go when older than ``older_than_s``; a writer's temporary file goes
+    only when older than an hour. Returns (files, bytes)."""
     files = sorted(_files(root), key=lambda f: f[2].st_mtime)
     total = sum(st.st_size for _, _, st in files)
     removed = freed = 0
     now = time.time()
     for area, path, st in files:
+        if path.endswith(".tmp") and st.st_mtime > now - _WRITER_AT_WORK_S:
+            continue  # a writer's os.replace would fail (see write_atomic); a crashed one's goes
         old = older_than_s is not None and st.st_mtime < now - older_than_s
         big = max_bytes is not None and total > max_bytes and area in ("code", "src")
         if not (old or big):

@@ -330,14 +330,18 @@ class PatchLoader:
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
-        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin)
+        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals)
         cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
         facts = landing.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
             code, _, patched = cached
-            if patched != text:
-                publish.publish(origin, patched, cache_root)
-        else:
+            filename = publish.publish(origin, patched, cache_root) if patched != text else origin
+            if code.co_filename != filename:
+                # The entry's code names a published file this process cannot vouch for (its
+                # folder is not safe now, or it cannot be written): what is read there need not
+                # be the patched text. Compile under the name publish gave.
+                facts = None
+        if facts is None:
             from . import transforms  # not on the cache-hit path: it imports difflib, dataclasses
 
             patched = text

@@ -12,6 +12,9 @@ disk. Measured (shared notes): only a *real file* holding the patched text, used
 - ``inspect.getsource(SomeClass)`` goes through the module's ``__file__``, which stays the real
   path (vLLM loads data files relative to it), so the real path gets a ``linecache`` entry with
   mtime ``None`` (``checkcache`` keeps those), re-added after every ``linecache.clearcache()``;
+- the published name gets a ``linecache`` entry with mtime ``None`` as well, so that pruning
+  or rewriting the file while the process runs changes nothing that reads source by name
+  (tracebacks printed by the default hook on 3.11/3.12 excepted: they read the file itself);
 - if no file can be written, the code is compiled under the real path and the ``linecache``
   entry alone carries the patched text (tracebacks printed by the default hook on 3.11/3.12 then
   show the original line; logged once).
@@ -67,6 +70,10 @@ def publish(real_path: str, text: str, cache_root: str | None) -> str:
             "default exception hook on Python < 3.13 will show the original lines",
         )
         return real_path
+    # The file may be pruned or rewritten while this process runs (after linecache read it, its
+    # checkcache would evict it and tracebacks would show nothing or other text): linecache
+    # holds the text under this name too, mtime None, kept through clearcache like the other.
+    _entries[path] = linecache.cache[path] = (entry[0], None, lines, path)
     return path
 
 

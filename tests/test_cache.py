@@ -419,3 +419,107 @@ def test_default_on_patch_second_process_does_not_scan_entry_points(
     mods = _imported(proc.stderr)
     assert "importpatch._boot" in mods and "acme_target" in mods
     assert not [m for m in mods if m.startswith("importlib.metadata")], mods
+
+
+@pytest.mark.parametrize("which", ["entry", "published text", "producers memo"])
+def test_fifo_in_place_of_a_cache_file_is_ignored_not_waited_on(
+    wheel_venv: Venv, setup: tuple[Path, Path, Path], which: str
+) -> None:
+    # Opening a FIFO for reading blocks until a writer comes: the import must not hang on one.
+    target, patches, cache = setup
+    env = patch_env(patches, cache, "bump")
+    counted_import(wheel_venv, ["tpkg.mod"], env, target)
+    (entry,) = cache_entries(cache)
+    (published,) = (cache / "src").rglob("mod.py")
+    path = {"entry": entry, "published text": published,
+            "producers memo": cache / "catalog" / "producers"}[which]
+    path.unlink()
+    os.mkfifo(path)
+    proc = wheel_venv.run(["-c", "import tpkg.mod as m; print(m.f())"],
+                          env={**env, "PYTHONPATH": str(target)}, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.split() == ["2"], proc.stderr
+
+
+SHOW_SOURCE = "import inspect, tpkg.mod as m; print(m.f.__code__.co_filename); "
+SHOW_SOURCE += "print(inspect.getsource(m.f), end='')"
+
+
+def test_warm_entry_never_names_a_published_file_in_a_folder_that_is_not_safe(
+    wheel_venv: Venv, setup: tuple[Path, Path, Path]
+) -> None:
+    # The code of an entry names the published file it was compiled under. When this process
+    # cannot trust that folder (another user may write it), what inspect, linecache and Triton
+    # read there is not the patched text: the entry must not be used as is.
+    target, patches, cache = setup
+    env = {**patch_env(patches, cache, "bump"), "PYTHONPATH": str(target)}
+    cold = wheel_venv.run(["-c", SHOW_SOURCE], env=env)
+    published = Path(cold.stdout.splitlines()[0])
+    assert published.is_relative_to(cache / "src") and "return 2" in cold.stdout
+    (cache / "src").chmod(0o777)
+    published.parent.chmod(0o777)
+    published.chmod(0o666)
+    published.write_text("def f():\n    return 'written by someone else'\n", encoding="utf-8")
+    warm = wheel_venv.run(["-c", SHOW_SOURCE], env=env)
+    assert warm.returncode == 0, warm.stderr
+    filename, *source = warm.stdout.splitlines()
+    assert source == ["def f():", "    return 2"], warm.stdout
+    assert filename == str(target / "tpkg" / "mod.py")
+    assert "writable by others" in warm.stderr
+
+
+ADD_PATCH = """\
+from importpatch import Patch
+
+patch = Patch("adder")
+
+
+@patch.add("tpkg.side:C.{attr}")
+def added(self):
+    return "added"
+"""
+SIDE = "print('module body ran')\n\n\nclass C:\n    def kind(self):\n        return 1\n"
+
+
+def test_facts_of_an_entry_are_those_of_the_enabled_operations(
+    wheel_venv: Venv, tmp_path: Path, target_pkg: MakeTarget
+) -> None:
+    # An add on C and a set of C.kind both land on C (same landing names, same code), but what
+    # the source must prove differs: an add of a name C already has fails *before* the module
+    # body runs, cached or not.
+    target = target_pkg({"tpkg/__init__.py": "", "tpkg/side.py": SIDE})
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    env = {**patch_env(patches, tmp_path / "cache", "adder"), "PYTHONPATH": str(target)}
+    show = "import tpkg.side as m; print(m.C().kind())"
+    (patches / "adder.py").write_text(ADD_PATCH.format(attr="extra"), encoding="utf-8")
+    assert wheel_venv.run(["-c", show], env=env).stdout.split() == ["module", "body", "ran", "1"]
+    (patches / "adder.py").write_text(ADD_PATCH.format(attr="kind"), encoding="utf-8")
+    for how, run_env in (("no cache", {**env, "IMPORTPATCH_NO_CACHE": "1"}), ("cached", env)):
+        proc = wheel_venv.run(["-c", show], env=run_env)
+        assert proc.returncode != 0, how
+        assert "'kind' already exists (line 5)" in proc.stderr, (how, proc.stderr)
+        assert "module body ran" not in proc.stdout, how
+
+
+PRUNE_ALL = "import sys; from importpatch import bytecache; bytecache.prune(sys.argv[1], 0, 0)"
+
+
+def test_prune_leaves_the_temporary_file_of_a_writer_at_work(
+    wheel_venv: Venv, setup: tuple[Path, Path, Path]
+) -> None:
+    # A prune (another process past the size cap, `importpatch cache prune`) that removes a
+    # writer's temporary file makes its os.replace fail: the entry or the published text is not
+    # written, and the code is compiled under the real path (tracebacks then read the original).
+    target, patches, cache = setup
+    counted_import(wheel_venv, ["tpkg.mod"], patch_env(patches, cache, "bump"), target)
+    (entry,) = cache_entries(cache)
+    (published,) = (cache / "src").rglob("mod.py")
+    writing = [Path(f"{p}.4242-1.tmp") for p in (entry, published)]
+    crashed = [Path(f"{p}.4343-1.tmp") for p in (entry, published)]
+    for tmp in writing + crashed:
+        tmp.write_bytes(b"half")
+    for tmp in crashed:  # a writer that died two hours ago
+        os.utime(tmp, (tmp.stat().st_atime - 7200, tmp.stat().st_mtime - 7200))
+    assert wheel_venv.run(["-c", PRUNE_ALL, str(cache)]).returncode == 0
+    assert not entry.exists() and not published.exists()
+    assert [tmp.exists() for tmp in writing + crashed] == [True, True, False, False]

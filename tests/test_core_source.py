@@ -114,3 +114,45 @@ def test_patched_text_is_what_inspect_linecache_and_tracebacks_show(
     assert tb[-1] == "ValueError: patched message"
     assert patched_raise.strip() in [line.strip() for line in tb], proc.stderr
     assert ", line 4, in boom" in proc.stderr
+
+
+# Something reads the published file (Triton at decoration, a debugger), then it goes away or is
+# rewritten while the process runs (`importpatch cache prune` or `clear` in another process).
+AFTER_PUBLISHED_FILE_CHANGES = '''
+import inspect, json, linecache, os, sys, traceback
+import spkg.m as m
+published = m.boom.__code__.co_filename
+inspect.getsource(m.boom)
+if sys.argv[1] == "deleted":
+    os.unlink(published)
+else:
+    with open(published, "w") as f:
+        f.write("def boom():\\\\n    pass\\\\n    raise ValueError('not the patched text')\\\\n")
+out = {"published": published}
+try:
+    m.boom()
+except ValueError:
+    out["format_exc"] = traceback.format_exc()
+linecache.clearcache()
+out["getsource"] = inspect.getsource(m.boom)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("change", ["deleted", "rewritten"])
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_patched_text_stays_readable_when_the_published_file_changes_while_running(
+    wheel_venv: Venv, tmp_path: Path, change: str, cache: str
+) -> None:
+    lab = Lab(wheel_venv, tmp_path).target(TARGET).patch(DIFF)
+    (lab.root / "show.py").write_text(AFTER_PUBLISHED_FILE_CHANGES)
+    if cache == "warm":
+        lab.ok("import spkg.m", enable="sd")
+    out = json.loads(lab.ok(["show.py", change], enable="sd").stdout)
+    assert Path(out["published"]).is_relative_to(lab.cache / "src")
+    patched_raise = 'raise ValueError("patched message")'
+    assert f'm.py", line 4, in boom\n    {patched_raise}\n' in out["format_exc"], out
+    assert out["getsource"] == (
+        "def boom():\n    # an inserted line: everything below moves down by one\n"
+        f"    {patched_raise}\n"
+    )
