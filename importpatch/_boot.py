@@ -13,8 +13,9 @@ Invariants:
   ``sitecustomize``), never in the middle of ``.pth`` processing: a patch package (or its
   editable finder) on a folder that a later ``.pth`` or a later site folder adds is seen, and the
   index is keyed on the whole search path.
-- The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime of its site folder>-<length
-  of sys.path when it ran>``) are written only where that key covers everything that decides
+- The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime>-<ctime>-<inode of its
+  site folder>-<length of sys.path when it ran>``; mtime alone is shared by copies of a site
+  folder and by reproducible builds, and one cache serves every venv of a HOME) are written only where that key covers everything that decides
   "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, and no folder on
   the search path that can gain a distribution without changing the site folder's mtime (only
   the standard library's folders besides it). Elsewhere the index decides, in every process.
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
     from .finder import PatchFinder
 
 _started = False
-# What the .pth line saw: its site folder, that folder's mtime and the length of sys.path.
-_pth: tuple[str, int, int] | None = None
+# What the .pth line saw: its site folder, that folder's (mtime, ctime, inode), the length of
+# sys.path.
+_pth: tuple[str, tuple[int, int, int], int] | None = None
 
 
 def start(sitedir: str | None = None) -> None:
@@ -60,7 +62,8 @@ def start(sitedir: str | None = None) -> None:
         if toggles.off:
             return
         if sitedir is not None:
-            _pth = (sitedir, os.stat(sitedir).st_mtime_ns, len(sys.path))
+            st = os.stat(sitedir)
+            _pth = (sitedir, (st.st_mtime_ns, st.st_ctime_ns, st.st_ino), len(sys.path))
         import builtins
 
         if hasattr(builtins, "help") or sys.flags.no_site:  # a call after site's work (or -S)
@@ -252,9 +255,10 @@ def api_entries() -> list[Entry]:
     return [Entry.from_patch(p, "api", p.source, None) for p in iter_registry()]
 
 
-def stamp_path(root: str, mtime_ns: int, path_len: int) -> str:
-    """The file the .pth line checks (keep in step with bootstrap/importpatch.pth)."""
-    return os.path.join(root, "s", f"{mtime_ns}-{path_len}")
+def stamp_path(root: str, site_key: tuple[int, int, int], path_len: int) -> str:
+    """The file the .pth line checks (keep in step with importpatch/_pth.py)."""
+    mtime_ns, ctime_ns, inode = site_key
+    return os.path.join(root, "s", f"{mtime_ns}-{ctime_ns}-{inode}-{path_len}")
 
 
 def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = None) -> None:
@@ -274,7 +278,7 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     root = config.default_cache_root()[0]
     if root is None or config.get(os.environ, config.CACHE_DIR) or root != bytecache.usable_root():
         return
-    sitedir, mtime_ns, path_len = _pth
+    sitedir, site_key, path_len = _pth
     site_path = sites.site_path or []
     if len(site_path) != path_len or sites.user_site_if_enabled() not in (None, *site_path):
         return  # folders came after the .pth line ran, or the user site may appear
@@ -283,9 +287,10 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
         if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
             return
     now = catalog.signature((sitedir,))
-    if now[0][0] != mtime_ns or catalog.is_racy(now, __import__("time").time_ns()):
+    mtime_ns, ctime_ns, _, inode = now[0]
+    if (mtime_ns, ctime_ns, inode) != site_key or catalog.is_racy(now, __import__("time").time_ns()):
         return
-    path = stamp_path(root, mtime_ns, path_len)
+    path = stamp_path(root, site_key, path_len)
     if bytecache.folder(root, "s", "") is not None:
         bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
 

