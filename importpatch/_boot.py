@@ -16,9 +16,10 @@ Invariants:
 - The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime>-<ctime>-<inode of its
   site folder>-<length of sys.path when it ran>``; mtime alone is shared by copies of a site
   folder and by reproducible builds, and one cache serves every venv of a HOME) are written only where that key covers everything that decides
-  "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, and no folder on
+  "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, no folder on
   the search path that can gain a distribution without changing the site folder's mtime (only
-  the standard library's folders besides it). Elsewhere the index decides, in every process.
+  the standard library's folders besides it), and no ``.pth`` file read after ours that names a
+  folder which does not exist yet (site adds it when it appears). Elsewhere the index decides, in every process.
 """
 
 from __future__ import annotations
@@ -286,6 +287,8 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     for folder in sites.search_path():
         if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
             return
+    if _later_pth_names_a_missing_folder(sitedir):
+        return
     now = catalog.signature((sitedir,))
     mtime_ns, ctime_ns, _, inode = now[0]
     if (mtime_ns, ctime_ns, inode) != site_key or catalog.is_racy(now, __import__("time").time_ns()):
@@ -293,6 +296,38 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     path = stamp_path(root, site_key, path_len)
     if bytecache.folder(root, "s", "") is not None:
         bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+
+
+def _later_pth_names_a_missing_folder(sitedir: str) -> bool:
+    """Whether a ``.pth`` file that site reads after ours names a folder that does not exist
+    (yet): site adds it once it appears, which changes neither the site folder nor the length of
+    sys.path when our line runs, so no stamp key could see it. (A folder that exists is on the
+    search path, checked by the caller; so is what an import line added.)"""
+    import stat
+
+    try:
+        names = sorted(n for n in os.listdir(sitedir) if n.endswith(".pth")
+                       and not n.startswith(".") and n > PTH_NAME)  # site's order
+    except OSError:
+        return True
+    for name in names:
+        path = os.path.join(sitedir, name)
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO (site would hang)
+                return True
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return True
+        for line in lines:  # site.addpackage's reading of a line
+            if line.startswith(("#", "import ", "import\t")) or not line.strip():
+                continue
+            if not os.path.exists(os.path.join(sitedir, line.rstrip())):
+                return True
+    return False
+
+
+PTH_NAME = "importpatch.pth"  # bootstrap/importpatch.pth, as pip installs it
 
 
 def _stdlib_folders() -> set[str]:

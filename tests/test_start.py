@@ -515,6 +515,26 @@ def test_a_stamp_is_never_taken_by_another_site_folder_with_the_same_mtime(
         assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
 
 
+def test_a_folder_a_later_pth_names_that_appears_after_the_stamp_is_seen(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # A .pth file that site reads after importpatch.pth names a folder that does not exist yet
+    # (a volume mounted later, `echo /opt/x >> site-packages/zz.pth`): neither the site folder
+    # nor the length of sys.path when our line runs changes when it appears and gains a patch
+    # package, so a "nothing on" stamp written before would skip its default-on patch.
+    venv = venv_factory(str(built_wheel), name="later-pth-folder")
+    plugins = tmp_path / "plugins"
+    (venv.site_packages / "zz-plugins.pth").write_text(f"{plugins}\n")
+    time.sleep(0.1)  # past the racy window of the site folder's new mtime
+    assert venv.run("pass").returncode == 0
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv.pip("install", "-q", "--disable-pip-version-check", "--target", str(plugins), str(wheel))
+    for _ in range(2):
+        proc = venv.run("import acme_t; print(acme_t.f())")
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
 SLOW_DECLARATION = """\
 import os, time
 with open({counter!r}, "a") as f:
