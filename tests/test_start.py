@@ -535,6 +535,38 @@ def test_a_folder_a_later_pth_names_that_appears_after_the_stamp_is_seen(
         assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
 
 
+def test_a_stamp_another_user_planted_is_not_trusted(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # XDG_CACHE_HOME on a shared folder: another user made importpatch/s/ before us and put an
+    # empty stamp named for our site folder there. The hook refuses that cache (not ours), and
+    # the .pth line must not take that stamp's word that nothing is on.
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("a file of another user needs root (chown)")
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv = venv_factory(str(built_wheel), str(wheel), name="planted-stamp")
+    shared = tmp_path / "shared"
+    env = {"XDG_CACHE_HOME": str(shared)}
+    read = "import acme_t; print(acme_t.f())"
+    # The stamp the .pth line looks for in this venv: the one the plain venv wrote, renamed.
+    plain = venv_factory(str(built_wheel), name="planted-stamp-plain")
+    assert plain.run("pass", env=env).returncode == 0
+    (written,) = (shared / "importpatch" / "s").iterdir()
+    st = venv.site_packages.stat()
+    path_len = written.name.rsplit("-", 1)[1]
+    planted = written.with_name(f"{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{path_len}")
+    written.rename(planted)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    for p in (planted, planted.parent, planted.parent.parent):
+        os.chown(p, nobody, -1)
+    proc = venv.run(read, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    assert "owned by another user" in proc.stderr
+
+
 SLOW_DECLARATION = """\
 import os, time
 with open({counter!r}, "a") as f:
