@@ -18,7 +18,7 @@ Invariants:
   folder and by reproducible builds, and one cache serves every venv of a HOME) are written only where that key covers everything that decides
   "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, no folder on
   the search path that can gain a distribution without changing the site folder's mtime (only
-  the standard library's folders besides it), and no ``.pth`` file read after ours that names a
+  the standard library's folders besides it, existing or not), and no ``.pth`` file read after ours that names a
   folder which does not exist yet (site adds it when it appears). Elsewhere the index decides, in every process.
 """
 
@@ -287,6 +287,10 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     for folder in sites.search_path():
         if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
             return
+    for entry in site_path:  # a folder that does not exist yet (PYTHONPATH) joins it on appearing
+        folder = os.path.abspath(entry or os.curdir)
+        if not os.path.exists(folder) and os.path.realpath(folder) not in static:
+            return
     if _later_pth_names_a_missing_folder(sitedir):
         return
     now = catalog.signature((sitedir,))
@@ -339,4 +343,8 @@ def _stdlib_folders() -> set[str]:
         if key in paths:
             out.add(os.path.realpath(paths[key]))
             out.add(os.path.realpath(os.path.join(paths[key], "lib-dynload")))
+    # The zip of the standard library that the interpreter lists whether or not it exists.
+    version = f"{sys.version_info[0]}{sys.version_info[1]}"
+    out.add(os.path.realpath(os.path.join(sys.base_prefix, "lib", f"python{version}.zip")))
+    out.add(os.path.realpath(os.path.join(sys.base_prefix, f"python{version}.zip")))  # Windows
     return out

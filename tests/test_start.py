@@ -535,6 +535,24 @@ def test_a_folder_a_later_pth_names_that_appears_after_the_stamp_is_seen(
         assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
 
 
+def test_a_pythonpath_folder_that_appears_after_the_stamp_is_seen(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # PYTHONPATH names a folder that does not exist yet: it is on sys.path all the same, and
+    # when it appears with a patch package neither the site folder nor the length of sys.path
+    # changes, so no stamp may be written for such a process.
+    venv = venv_factory(str(built_wheel), name="later-pythonpath-folder")
+    later = tmp_path / "later"
+    env = {"PYTHONPATH": str(later)}
+    assert venv.run("pass", env=env).returncode == 0
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv.pip("install", "-q", "--disable-pip-version-check", "--target", str(later), str(wheel))
+    for _ in range(2):
+        proc = venv.run("import acme_t; print(acme_t.f())", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
 def test_a_stamp_another_user_planted_is_not_trusted(
     venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
 ) -> None:
