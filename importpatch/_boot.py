@@ -15,11 +15,12 @@ Invariants:
   index is keyed on the whole search path.
 - The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime>-<ctime>-<inode of its
   site folder>-<length of sys.path when it ran>``; mtime alone is shared by copies of a site
-  folder and by reproducible builds, and one cache serves every venv of a HOME) are written only where that key covers everything that decides
-  "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, no folder on
-  the search path that can gain a distribution without changing the site folder's mtime (only
-  the standard library's folders besides it, existing or not), and no ``.pth`` file read after ours that names a
-  folder which does not exist yet (site adds it when it appears). Elsewhere the index decides, in every process.
+  folder and by reproducible builds, and one cache serves every venv of a HOME) are written only
+  where that key covers everything that decides "is a patch on by default": no entry point of
+  ``importpatch.patches`` anywhere, no folder on the search path that can gain a distribution
+  without changing the site folder's mtime (only the standard library's folders besides it,
+  existing or not), and no ``.pth`` file read after ours that names a folder which does not
+  exist yet (site adds it when it appears). Elsewhere the index decides, in every process.
 """
 
 from __future__ import annotations
@@ -295,7 +296,8 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
         return
     now = catalog.signature((sitedir,))
     mtime_ns, ctime_ns, _, inode = now[0]
-    if (mtime_ns, ctime_ns, inode) != site_key or catalog.is_racy(now, __import__("time").time_ns()):
+    racy = catalog.is_racy(now, __import__("time").time_ns())
+    if (mtime_ns, ctime_ns, inode) != site_key or racy:
         return
     path = stamp_path(root, site_key, path_len)
     if bytecache.folder(root, "s", "") is not None:
