@@ -536,12 +536,12 @@ def test_a_folder_a_later_pth_names_that_appears_after_the_stamp_is_seen(
 
 
 def test_a_pythonpath_folder_that_appears_after_the_stamp_is_seen(
-    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+    wheel_venv: Venv, tmp_path: Path
 ) -> None:
     # PYTHONPATH names a folder that does not exist yet: it is on sys.path all the same, and
     # when it appears with a patch package neither the site folder nor the length of sys.path
     # changes, so no stamp may be written for such a process.
-    venv = venv_factory(str(built_wheel), name="later-pythonpath-folder")
+    venv = wheel_venv  # not changed: the patch package goes to the PYTHONPATH folder
     later = tmp_path / "later"
     env = {"PYTHONPATH": str(later)}
     assert venv.run("pass", env=env).returncode == 0
@@ -554,7 +554,7 @@ def test_a_pythonpath_folder_that_appears_after_the_stamp_is_seen(
 
 
 def test_a_stamp_another_user_planted_is_not_trusted(
-    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+    venv_factory: Callable[..., Venv], built_wheel: Path, wheel_venv: Venv, tmp_path: Path
 ) -> None:
     # XDG_CACHE_HOME on a shared folder: another user made importpatch/s/ before us and put an
     # empty stamp named for our site folder there. The hook refuses that cache (not ours), and
@@ -569,9 +569,8 @@ def test_a_stamp_another_user_planted_is_not_trusted(
     shared = tmp_path / "shared"
     env = {"XDG_CACHE_HOME": str(shared)}
     read = "import acme_t; print(acme_t.f())"
-    # The stamp the .pth line looks for in this venv: the one the plain venv wrote, renamed.
-    plain = venv_factory(str(built_wheel), name="planted-stamp-plain")
-    assert plain.run("pass", env=env).returncode == 0
+    # The stamp the .pth line looks for in this venv: the one a plain venv wrote, renamed.
+    assert wheel_venv.run("pass", env=env).returncode == 0
     (written,) = (shared / "importpatch" / "s").iterdir()
     st = venv.site_packages.stat()
     path_len = written.name.rsplit("-", 1)[1]
