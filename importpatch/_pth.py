@@ -15,7 +15,7 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
    searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
    cost a start-up more than the floor);
 2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime>-<ctime>-<inode of the site
-   folder>-<length of sys.path>`` exists and is ours (``_boot`` writes it where that key covers
+   folder>-<length of sys.path>`` is a regular file of ours (``_boot`` writes it where that key covers
    everything, see there; the leading "/" keeps a home-less ``~`` from ever meaning a folder
    under the working folder).
    Empty: nothing is on. Not empty: only patches on by default are on (``vllm-cpu-cli`` where
@@ -66,9 +66,10 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                      f"{len(sys.path)}")
             try:
                 st = os.stat(stamp)
-                # Another user's stamp (a shared XDG_CACHE_HOME) is not believed: start the hook,
-                # which refuses that cache and says so.
-                size = st.st_size if st.st_uid == getattr(os, "getuid", int)() else -1
+                # Only a regular file of ours is a stamp (not a FIFO, /dev/zero, another user's
+                # file in a shared XDG_CACHE_HOME): else the hook starts and decides (and says).
+                ours = st.st_uid == getattr(os, "getuid", int)()
+                size = st.st_size if ours and st.st_mode & 0o170000 == 0o100000 else -1
             except OSError:
                 size = -1
             if size == 0:
@@ -80,6 +81,8 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                         tops = frozenset(f.read().decode("utf-8", "replace").split())
                 except OSError:
                     pass  # unreadable: start the hook (below) rather than wait for nothing
+                if not all(top.isidentifier() for top in tops):
+                    tops = frozenset()  # not what _boot writes: start the hook, as above
             if tops:
 
                 class _ImportpatchWaits:

@@ -488,6 +488,16 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     assert unreadable.returncode == 0, unreadable.stderr
     assert unreadable.stdout.splitlines()[-1] == "True"
     assert "_ImportpatchWaits" not in unreadable.stdout
+    # Nor one that is not a stamp importpatch writes: a FIFO or a link to /dev/zero (size 0 is
+    # not "nothing on" there), bytes that name no package. The hook starts and decides.
+    stamp.rmdir()
+    for make in (os.mkfifo, lambda p: os.symlink("/dev/zero", p),
+                 lambda p: Path(p).write_bytes(b"\xff\xfe\x00garbage\x9c\n")):
+        if os.path.lexists(stamp):
+            stamp.unlink()
+        make(str(stamp))
+        odd = venv.run("import importpatch._boot as b; print(b._started)", timeout=30)
+        assert odd.returncode == 0 and odd.stdout.split() == ["True"], (make, odd.stderr)
 
 
 def test_a_stamp_is_never_taken_by_another_site_folder_with_the_same_mtime(
