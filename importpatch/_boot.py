@@ -13,11 +13,14 @@ Invariants:
   ``sitecustomize``), never in the middle of ``.pth`` processing: a patch package (or its
   editable finder) on a folder that a later ``.pth`` or a later site folder adds is seen, and the
   index is keyed on the whole search path.
-- The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime of its site folder>-<length
-  of sys.path when it ran>``) are written only where that key covers everything that decides
-  "is a patch on by default": no entry point of ``importpatch.patches`` anywhere, and no folder on
-  the search path that can gain a distribution without changing the site folder's mtime (only
-  the standard library's folders besides it). Elsewhere the index decides, in every process.
+- The stamps the ``.pth`` line checks (``<default cache root>/s/<mtime>-<ctime>-<inode of its
+  site folder>-<length of sys.path when it ran>``; mtime alone is shared by copies of a site
+  folder and by reproducible builds, and one cache serves every venv of a HOME) are written only
+  where that key covers everything that decides "is a patch on by default": no entry point of
+  ``importpatch.patches`` anywhere, no folder on the search path that can gain a distribution
+  without changing the site folder's mtime (only the standard library's folders besides it,
+  existing or not), and no ``.pth`` file read after ours that names a folder which does not
+  exist yet (site adds it when it appears). Elsewhere the index decides, in every process.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ if TYPE_CHECKING:
     from .finder import PatchFinder
 
 _started = False
-# What the .pth line saw: its site folder, that folder's mtime and the length of sys.path.
-_pth: tuple[str, int, int] | None = None
+# What the .pth line saw: its site folder, that folder's (mtime, ctime, inode), the length of
+# sys.path.
+_pth: tuple[str, tuple[int, int, int], int] | None = None
 
 
 def start(sitedir: str | None = None) -> None:
@@ -60,7 +64,8 @@ def start(sitedir: str | None = None) -> None:
         if toggles.off:
             return
         if sitedir is not None:
-            _pth = (sitedir, os.stat(sitedir).st_mtime_ns, len(sys.path))
+            st = os.stat(sitedir)
+            _pth = (sitedir, (st.st_mtime_ns, st.st_ctime_ns, st.st_ino), len(sys.path))
         import builtins
 
         if hasattr(builtins, "help") or sys.flags.no_site:  # a call after site's work (or -S)
@@ -252,9 +257,10 @@ def api_entries() -> list[Entry]:
     return [Entry.from_patch(p, "api", p.source, None) for p in iter_registry()]
 
 
-def stamp_path(root: str, mtime_ns: int, path_len: int) -> str:
-    """The file the .pth line checks (keep in step with bootstrap/importpatch.pth)."""
-    return os.path.join(root, "s", f"{mtime_ns}-{path_len}")
+def stamp_path(root: str, site_key: tuple[int, int, int], path_len: int) -> str:
+    """The file the .pth line checks (keep in step with importpatch/_pth.py)."""
+    mtime_ns, ctime_ns, inode = site_key
+    return os.path.join(root, "s", f"{mtime_ns}-{ctime_ns}-{inode}-{path_len}")
 
 
 def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = None) -> None:
@@ -274,7 +280,7 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     root = config.default_cache_root()[0]
     if root is None or config.get(os.environ, config.CACHE_DIR) or root != bytecache.usable_root():
         return
-    sitedir, mtime_ns, path_len = _pth
+    sitedir, site_key, path_len = _pth
     site_path = sites.site_path or []
     if len(site_path) != path_len or sites.user_site_if_enabled() not in (None, *site_path):
         return  # folders came after the .pth line ran, or the user site may appear
@@ -282,12 +288,52 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     for folder in sites.search_path():
         if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
             return
-    now = catalog.signature((sitedir,))
-    if now[0][0] != mtime_ns or catalog.is_racy(now, __import__("time").time_ns()):
+    for entry in site_path:  # a folder that does not exist yet (PYTHONPATH) joins it on appearing
+        folder = os.path.abspath(entry or os.curdir)
+        if not os.path.exists(folder) and os.path.realpath(folder) not in static:
+            return
+    if _later_pth_names_a_missing_folder(sitedir):
         return
-    path = stamp_path(root, mtime_ns, path_len)
+    now = catalog.signature((sitedir,))
+    mtime_ns, ctime_ns, _, inode = now[0]
+    racy = catalog.is_racy(now, __import__("time").time_ns())
+    if (mtime_ns, ctime_ns, inode) != site_key or racy:
+        return
+    path = stamp_path(root, site_key, path_len)
     if bytecache.folder(root, "s", "") is not None:
         bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+
+
+def _later_pth_names_a_missing_folder(sitedir: str) -> bool:
+    """Whether a ``.pth`` file that site reads after ours names a folder that does not exist
+    (yet): site adds it once it appears, which changes neither the site folder nor the length of
+    sys.path when our line runs, so no stamp key could see it. (A folder that exists is on the
+    search path, checked by the caller; so is what an import line added.)"""
+    import stat
+
+    try:
+        names = sorted(n for n in os.listdir(sitedir) if n.endswith(".pth")
+                       and not n.startswith(".") and n > PTH_NAME)  # site's order
+    except OSError:
+        return True
+    for name in names:
+        path = os.path.join(sitedir, name)
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO (site would hang)
+                return True
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return True
+        for line in lines:  # site.addpackage's reading of a line
+            if line.startswith(("#", "import ", "import\t")) or not line.strip():
+                continue
+            if not os.path.exists(os.path.join(sitedir, line.rstrip())):
+                return True
+    return False
+
+
+PTH_NAME = "importpatch.pth"  # bootstrap/importpatch.pth, as pip installs it
 
 
 def _stdlib_folders() -> set[str]:
@@ -299,4 +345,8 @@ def _stdlib_folders() -> set[str]:
         if key in paths:
             out.add(os.path.realpath(paths[key]))
             out.add(os.path.realpath(os.path.join(paths[key], "lib-dynload")))
+    # The zip of the standard library that the interpreter lists whether or not it exists.
+    version = f"{sys.version_info[0]}{sys.version_info[1]}"
+    out.add(os.path.realpath(os.path.join(sys.base_prefix, "lib", f"python{version}.zip")))
+    out.add(os.path.realpath(os.path.join(sys.base_prefix, f"python{version}.zip")))  # Windows
     return out

