@@ -513,6 +513,84 @@ def _rebase_lines(report: Any) -> None:
     emit(lines)
 
 
+# -- from-git ------------------------------------------------------------------------------------
+
+
+def cmd_from_git(args: argparse.Namespace) -> int:
+    from . import fromgit
+
+    report = fromgit.from_git(
+        args.repo, args.revs, to=args.to, package=args.package, name=args.name,
+        squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force)
+    if args.json:
+        emit_json(report.to_json())
+        return report.exit_status
+    style = Style(sys.stdout)
+    words = {"carried": style.status("ok", "carried"), "upstream": "already upstream",
+             "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)"}
+    lines = [f"from-git {report.repo} {' '.join(report.revs)}: package {report.package}, "
+             f"base {report.base or 'unknown release'} -> {report.target}"]
+    if report.merges:
+        lines.append(f"    {len(report.merges)} merge commit(s) left out")
+    totals: dict[str, int] = {}
+    for p in report.patches:
+        counts = p.counts()
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        lines.append(f"{p.name} ({p.commit[:12]}): {words.get(p.status, p.status)}")
+        for f in p.files:
+            lines.append(f"    {f.path}: {f.how}" + (f" ({f.detail})" if f.detail else ""))
+            for h in f.hunks:
+                where = f" at line {h.line}" if h.line is not None else ""
+                lines.append(f"        hunk #{h.index} {h.header}: "
+                             f"{'already upstream' if h.status == 'upstream' else h.status}"
+                             f"{where}")
+            for c in f.conflicts:
+                lines.append(f"        conflict at lines {c.start}-{c.end}: {c.detail}")
+            if f.work_file:
+                lines.append(f"        merged file: {f.work_file}")
+        for path, why in sorted(p.not_carried.items()):
+            lines.append(f"    not carried: {path} ({why})")
+        if p.out:
+            lines.append(f"    wrote {p.out}")
+        if p.status == "conflict" and p.work and not report.dry_run:
+            lines.append(f"    resolve the conflicts in {p.work}/edit, then: "
+                         f"importpatch save {p.name}")
+    lines.append("hunks: " + ", ".join(f"{totals.get(k, 0)} {w}" for k, w in (
+        ("applied", "applied"), ("merged", "merged"), ("upstream", "already upstream"),
+        ("conflict", "conflict"))))
+    if report.dry_run:
+        lines.append("(--dry-run: nothing written)")
+    emit(lines)
+    return report.exit_status
+
+
+def add_from_git(command: Any) -> None:
+    f = command("from-git", cmd_from_git,
+                "fork commits or upstream fixes -> ordered diff patches, carried to a release")
+    f.add_argument("repo", metavar="REPO", help="a git checkout (or bare repository)")
+    f.add_argument("revs", nargs="+", metavar="REVS",
+                   help="a range A..B (its commits, oldest first) or commits")
+    f.add_argument("--to", default="installed", metavar="WHERE",
+                   help="carry them to: 'installed' (default), .whl, .tar.gz sdist, folder, "
+                        "NAME==VERSION, or 'none' (write the patches as made)")
+    f.add_argument("--package", metavar="NAME",
+                   help="the import package whose files are carried (default: the one the "
+                        "commits change)")
+    f.add_argument("--name", metavar="PREFIX",
+                   help="patch names PREFIX-0001-subject... (default: the repository's folder "
+                        "name); with --squash the one patch's name")
+    f.add_argument("--squash", action="store_true", help="one patch for all the commits")
+    f.add_argument("--out", metavar="PATH",
+                   help="folder (or file, with --squash) (default: the first folder of "
+                        "IMPORTPATCH_PATH)")
+    f.add_argument("--work", metavar="DIR",
+                   help="work folder for conflicts (default: $XDG_DATA_HOME/importpatch/work)")
+    f.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    f.add_argument("--force", action="store_true",
+                   help="write over existing patch files and unsaved conflict work")
+
+
 # -- status --------------------------------------------------------------------------------------
 
 
@@ -1047,6 +1125,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     r.add_argument("--force", action="store_true",
                    help="replace unsaved edits in the work folder with the new merge")
+    add_from_git(command)
     return p
 
 
