@@ -527,7 +527,8 @@ def cmd_from_git(args: argparse.Namespace) -> int:
         return report.exit_status
     style = Style(sys.stdout)
     words = {"carried": style.status("ok", "carried"), "upstream": "already upstream",
-             "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)"}
+             "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)",
+             "nothing": "no Python file of the package"}
     lines = [f"from-git {report.repo} {' '.join(report.revs)}: package {report.package}, "
              f"base {report.base or 'unknown release'} -> {report.target}"]
     if report.merges:

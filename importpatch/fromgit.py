@@ -36,6 +36,7 @@ from typing import Any
 from . import authoring, check, diffs, rebase
 
 NOT_CARRIED = "not carried"
+NOTHING = "nothing"  # a commit changing no Python file of the package
 NONE = "none"  # --to none: write the patches as made, carry nothing
 
 
@@ -134,7 +135,7 @@ class PatchResult:
     commit: str  # the commit (the range end with --squash)
     subject: str
     base: str | None  # Base: of the as-made diff
-    status: str  # carried | upstream | conflict | made (--to none)
+    status: str  # carried | upstream | conflict | made (--to none) | nothing
     files: list[FileResult]
     not_carried: dict[str, str]
     out: str | None = None  # the file written (None: nothing)
@@ -393,6 +394,9 @@ def from_git(
         result = PatchResult(pname, c.sha, c.subject, base, "made", [], c.not_carried,
                              text=made)
         patches.append(result)
+        if not c.carried:  # no Python file of the package: nothing to carry
+            result.status, result.text = NOTHING, ""
+            continue
         if not body:  # only mode changes and the like
             result.status = rebase.UPSTREAM
             result.text = ""
