@@ -91,6 +91,27 @@ def synthetic(folder: str) -> tuple[str, str, str]:
     return repo, "release-1.0", "main"
 
 
+def stand_in_missing_blobs(clone: str, revs: list[str]) -> int:
+    """A snapshot may lack large files (images): cherry-pick cannot write a tree naming a blob
+    it lacks. Each missing blob of these commits' trees is stood in for by the empty blob
+    (``git replace``, in the scratch clone only); none of them is a Python file."""
+    blobs: set[str] = set()
+    for rev in revs:
+        for row in git(clone, "ls-tree", "-r", rev).stdout.splitlines():
+            meta, _, path = row.partition("\t")
+            if meta.split()[1] == "blob":
+                blobs.add(meta.split()[2])
+    checked = subprocess.run(["git", "-C", clone, "cat-file", "--batch-check"],
+                             input="\n".join(sorted(blobs)) + "\n", capture_output=True,
+                             text=True, check=True).stdout
+    missing = [row.split()[0] for row in checked.splitlines() if row.endswith(" missing")]
+    empty = subprocess.run(["git", "-C", clone, "hash-object", "-w", "--stdin"], input="",
+                           capture_output=True, text=True, check=True).stdout.strip()
+    for sha in missing:
+        git(clone, "replace", "-f", sha, empty)
+    return len(missing)
+
+
 def measure(mirror: str, release: str, main: str, count: int, package: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fork-corpus-") as tmp:
         clone = os.path.join(tmp, "clone")
@@ -121,6 +142,7 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
         by_commit = {p.commit: p for p in report.patches}
         # git cherry-pick of the same commits onto the release, a conflict aborted and skipped.
         work = os.path.join(tmp, "work")
+        stand_in_missing_blobs(clone, [rel, *line, *(f"{c}^" for c in line)])
         git(clone, "worktree", "add", "-q", "--detach", work, rel)
         rows = []
         for sha in line:

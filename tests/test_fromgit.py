@@ -124,7 +124,7 @@ def test_a_fork_becomes_ordered_patches_carried_to_the_next_release(
     p1, p2, p3, p4, p5 = report["patches"]
     assert p1["not_carried"] == {"csrc/kernel.cu": "not a Python file",
                                  "tests/test_core.py": "outside the package tpkg/"}
-    assert p2["not_carried"] == {"setup.py": "not a Python file"}
+    assert p2["not_carried"] == {"setup.py": "outside the package tpkg/"}
     assert p4["not_carried"] == {
         "tpkg/new.py": "a new file (a diff patch changes existing modules)"}
     assert [h["status"] for f in p2["files"] for h in f["hunks"]] == ["applied", "applied"]
@@ -227,7 +227,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
     elif case == "dirty":
         (fork / "tpkg" / "core.py").write_text("dirty\n")
     elif case == "no-python":
-        commit(fork, "docs only", {"README.md": "hi\n", "csrc/k.cu": ("kernel", "kernels")})
+        commit(fork, "docs only", {"README.md": "hi\n", "csrc/kernel.cu": ("kernel", "kernels")})
         revs = ["HEAD~1..HEAD"]
     elif case == "empty":
         revs = ["HEAD..HEAD"]
@@ -240,7 +240,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
     expected = {"not-a-repo": "is not a git repository", "unknown-rev": "'no-such-branch'",
                 "dirty": "has uncommitted changes (tpkg/core.py)",
                 "no-python": "no Python file under tpkg/ changes in HEAD~1..HEAD (1 commits; "
-                             "changed: README.md, csrc/k.cu)",
+                             "changed: README.md, csrc/kernel.cu)",
                 "empty": "the range HEAD..HEAD has no commits",
                 "no-package": "no Python file under nosuch/ changes"}[case]
     assert expected in error[0]
