@@ -244,13 +244,17 @@ def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) 
             commit.not_carried[where] = f"git status {status}"
 
 
-def guess_package(git: Git, commits: list[Commit], target: check.Source | None) -> str:
+def guess_package(
+    git: Git, commits: list[Commit], target: check.Source | None, revs: Sequence[str]
+) -> str:
     """The one top-level package (with ``__init__.py``, found in the target) the commits'
     Python files change."""
     tops: dict[str, int] = {}
+    changed: set[str] = set()
     for c in commits:
         for status, path, renamed in git.changes(c.parent, c.sha):
             where = renamed or path
+            changed.add(where)
             if where.endswith(".py") and "/" in where and status in "MRC":
                 top = where.split("/", 1)[0]
                 tops[top] = tops.get(top, 0) + 1
@@ -259,6 +263,11 @@ def guess_package(git: Git, commits: list[Commit], target: check.Source | None) 
              and (target is None or target.find(t) is not None)]
     if len(found) == 1:
         return found[0]
+    if not any(p.endswith(".py") for p in changed):
+        shown = ", ".join(sorted(changed)[:6]) + (" ..." if len(changed) > 6 else "")
+        raise check.UsageError(
+            f"no Python file changes in {' '.join(revs)} ({len(commits)} commits; changed: "
+            f"{shown or 'nothing'})", "carry commits that change the package's modules")
     if not found:
         raise check.UsageError(
             f"no Python file of a package{' of ' + target.label if target else ''} changes in "
@@ -360,7 +369,7 @@ def from_git(
                 raise check.UsageError(f"commit {c.sha[:12]} has no parent",
                                        "a patch changes files of an earlier commit")
     probe = [Commit(sha, git.commit(f"{sha}^") or start, "") for sha in commit_shas]
-    top = package or guess_package(git, probe, target)
+    top = package or guess_package(git, probe, target, revs)
     if package is not None and not package.isidentifier():
         raise check.UsageError(f"--package {package!r} is not an import name", "e.g. vllm")
     for c in units:

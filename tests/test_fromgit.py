@@ -239,7 +239,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
     assert len(error) == 1 and proc.stdout == "", proc.stderr
     expected = {"not-a-repo": "is not a git repository", "unknown-rev": "'no-such-branch'",
                 "dirty": "has uncommitted changes (tpkg/core.py)",
-                "no-python": "no Python file under tpkg/ changes in HEAD~1..HEAD (1 commits; "
+                "no-python": "no Python file changes in HEAD~1..HEAD (1 commits; "
                              "changed: README.md, csrc/kernel.cu)",
                 "empty": "the range HEAD..HEAD has no commits",
                 "no-package": "no Python file under nosuch/ changes"}[case]
