@@ -146,7 +146,8 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
         git(clone, "worktree", "add", "-q", "--detach", work, rel)
         rows = []
         for sha in line:
-            done = git(work, "cherry-pick", "--allow-empty", "--keep-redundant-commits", "-x", sha, check=False)
+            done = git(work, "cherry-pick", "--allow-empty", "--keep-redundant-commits", "-x",
+                       sha, check=False)
             if done.returncode == 0:
                 empty = git(work, "diff", "--quiet", "HEAD~1", "HEAD", check=False).returncode == 0
                 g = "upstream" if empty else "clean"
@@ -156,8 +157,7 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
                 git(work, "cherry-pick", "--abort", check=False)
                 g = "conflict"
             p = by_commit.get(sha)
-            ours = ("nothing" if p is None else {"carried": "clean", "upstream": "upstream",
-                                                 "conflict": "conflict", "nothing": "nothing"}[p.status])
+            ours = "nothing" if p is None else {"carried": "clean"}.get(p.status, p.status)
             py_conflict = any(u.startswith(package + "/") and u.endswith(".py")
                               for u in unmerged)
             rows.append({"commit": sha[:12], "subject": git(clone, "log", "-1", "--format=%s",
