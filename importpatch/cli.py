@@ -9,10 +9,11 @@
     importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
     importpatch save NAME                     write NAME.diff from the work folder's edits
     importpatch rebase NAME... --to WHERE     carry diff patches to another release (3-way)
+    importpatch from-git REPO REVS            commits -> ordered diff patches, carried (3-way)
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
-named one), ``doctor`` found a problem or ``rebase`` left a conflict; 2 a usage error (bad
-option, unknown patch name, missing path) or an internal error. Errors are one line on stderr
+named one), ``doctor`` found a problem or ``rebase`` / ``from-git`` left a conflict; 2 a usage
+error (bad option, unknown patch name, missing path) or an internal error. Errors are one line on stderr
 plus a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns
 (``diff`` prints source lines as they are) and is coloured only when stdout is a terminal and
 NO_COLOR is unset.
