@@ -14,9 +14,9 @@
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
 named one), ``doctor`` found a problem or ``rebase`` / ``from-git`` left a conflict; 2 a usage
 error (bad option, unknown patch name, missing path) or an internal error. Errors are one line
-on stderr plus a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns
-(``diff`` prints source lines as they are) and is coloured only when stdout is a terminal and
-NO_COLOR is unset.
+on stderr plus a hint line, never a traceback (``--traceback`` shows it). Human output fits 100
+columns (``diff`` prints source lines as they are) and is coloured only when stdout is a terminal
+and NO_COLOR is unset.
 
 ``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
 (docs/cli.md has examples):
