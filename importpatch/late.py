@@ -19,8 +19,8 @@ What is done, exactly:
   that merely holds an equal or identical object (``False``, ``0``, an interned string), not
   builtins, the standard library, importpatch, or a module that declared patches, by module object
   under every name it has (a patch file's ``_orig = m.f`` keeps the original it saved; a script
-  is ``__main__`` and, once ``multiprocessing`` is imported, ``__mp_main__`` too). Each re-binding is an event (``rebind``) naming the
-  module and name; the summary line gives the count.
+  is ``__main__`` and, once ``multiprocessing`` is imported, ``__mp_main__`` too). Each re-binding
+  is an event (``rebind``) naming the module and name; the summary line gives the count.
 - Values copied in other ways (into a dict or list, a default argument, ``functools.partial``, a
   registry, ``getattr``) keep the original: only patching at import reaches them.
 - What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
