@@ -368,19 +368,15 @@ class ModulePlan:
             fact = facts.get(qual)
             if fact is not None and fact.state == ABSENT:
                 why = f"; {fact.why}" if fact.why else ""
+                if not why and qual == op.qualname and "." in qual and op.kind in CHAIN_KINDS:
+                    hint = inherited_hint(self.module, self.file, qual)
+                    why = f": {hint}" if hint else ""
                 return PatchError(
                     op.patch.name, self.module,
                     f"symbol {qual!r} not found (target {self.module}:{op.qualname}){why}",
                     file=self.file,
                 )
         fact = facts.get(op.qualname)
-        if op.kind in CHAIN_KINDS and fact is not None and fact.state == ABSENT and \
-                "." in op.qualname:
-            hint = inherited_hint(self.module, self.file, op.qualname)
-            if hint:
-                return PatchError(op.patch.name, self.module, f"symbol {op.qualname!r} not "
-                                  f"found (target {self.module}:{op.qualname}): {hint}",
-                                  file=self.file)
         if op.kind in CHAIN_KINDS and fact is not None and fact.state == REFUSED:
             return PatchError(op.patch.name, self.module, fact.why, file=self.file)
         fact = facts.get(f"+{op.qualname}")
@@ -543,6 +539,7 @@ class ModulePlan:
                        f"{self.module}:{qual} (it must return `class X(Original): ...`)")
         if new is not original:
             objects.take_names(new, self.module, qual)
+            setattr(new, ORIGINAL_CLASS, original)  # members are patched there, not here
         return new
 
     # -- after it ran
@@ -607,7 +604,7 @@ class ModulePlan:
         for op in self.ops:
             if op.kind == ADD and "." in (op.qualname or ""):
                 assert op.qualname is not None
-                owner_obj = self._resolve(namespace, site_of(op)[0])[1]
+                owner_obj = beneath_subclasses(self._resolve(namespace, site_of(op)[0])[1])
                 attr = op.qualname.rpartition(".")[2]
                 if getattr(owner_obj, "__dict__", {}).get(attr) is not op.obj:
                     raise self.fail(PatchError(
@@ -633,7 +630,8 @@ class ModulePlan:
             assert op.qualname is not None
             owner_qual, _, attr = op.qualname.rpartition(".")
             try:
-                owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+                owner = (beneath_subclasses(resolve(namespace, owner_qual, self)[1]) if owner_qual
+                         else namespace)
                 if op.kind not in (ADD, SET):
                     resolve(namespace, op.qualname, self)
             except PatchError as err:
@@ -658,7 +656,8 @@ class ModulePlan:
                 refusal = _after_earlier(op, earlier)
                 if refusal:
                     raise LateRefusal(refusal)
-                owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+                owner = (beneath_subclasses(resolve(namespace, owner_qual, self)[1]) if owner_qual
+                         else namespace)
                 store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
                 if isinstance(owner, enum.EnumMeta) and attr in owner.__members__:
                     raise LateRefusal(  # the class refuses setattr of a member
@@ -687,7 +686,8 @@ class ModulePlan:
         for qual in sorted({op.qualname or "" for op in ops_ok}, key=lambda q: q.count(".")):
             here = sorted((o for o in ops_ok if o.qualname == qual), key=_op_order)
             owner_qual, _, attr = qual.rpartition(".")
-            owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+            owner = (beneath_subclasses(resolve(namespace, owner_qual, self)[1]) if owner_qual
+                     else namespace)
             adds = [o for o in here if o.kind in (ADD, SET)]
             for op in adds:
                 _adopt(op, self.module)
@@ -837,8 +837,25 @@ def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any
             )
         if i == len(parts) - 1:
             return owner, store[part]
-        owner = store[part]
+        owner = beneath_subclasses(store[part])
     raise AssertionError(qual)
+
+
+# A class made by ``subclass`` names the class it was made from here (in its own __dict__): a
+# patch of a member (``Spec.size``) is of the original class's member, which the subclasses
+# inherit or override, at import (after the module ran: ``finish``) and late alike.
+ORIGINAL_CLASS = "__importpatch_subclassed__"
+
+
+def beneath_subclasses(obj: Any) -> Any:
+    """The class that ``subclass`` operations (none: ``obj`` itself) made ``obj`` from."""
+    for _ in range(100):
+        attrs = getattr(obj, "__dict__", None)
+        original = attrs.get(ORIGINAL_CLASS) if attrs is not None else None
+        if original is None:
+            return obj
+        obj = original
+    return obj
 
 
 def _set(owner: Any, name: str, value: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from textwrap import dedent
 
 import pytest
 from conftest import Venv
@@ -143,7 +144,7 @@ def test_subclasses_stack_and_compose_with_member_patches_and_wraps(lab: Lab) ->
 
         w = Patch("w")
 
-        @w.wrap("spk.m:Spec")
+        @w.wrap("spk.m:Spec", decorated=True)
         def wrap(wrapped, instance, args, kwargs):
             return wrapped(*args, **kwargs)
         '''})
@@ -168,7 +169,7 @@ def test_subclasses_stack_and_compose_with_member_patches_and_wraps(lab: Lab) ->
 def test_check_and_list_show_the_subclass_op(lab: Lab) -> None:
     lab.patch(SUB)
     check = json.loads(lab.run(["-m", "importpatch", "check", "--json"], enable="sub").stdout)
-    ops = [op for p in check["patches"] for op in p["ops"]]
+    ops = [op for p in check["patches"] if p["name"] == "sub" for op in p["ops"]]
     assert [(op["kind"], op["target"], op["status"]) for op in ops] == [
         ("subclass", "spk.m:Spec", "ok")]
     listing = json.loads(lab.run(["-m", "importpatch", "list", "--json"], enable="sub").stdout)
@@ -228,10 +229,10 @@ BAD = {
 def test_check_and_import_refuse_what_cannot_subclass_naming_the_patch(lab: Lab,
                                                                        case: str) -> None:
     body, *expected = BAD[case]
-    lab.patch({"bad.py": "from importpatch import Patch\np = Patch('bad')\n" + body})
+    lab.patch({"bad.py": "from importpatch import Patch\np = Patch('bad')\n" + dedent(body)})
     module = "spk.cpu" if case.startswith("inherited") else "spk.m"
     proc = lab.run(["-m", "importpatch", "check", "--json"], enable="bad")
-    ops = [op for p in json.loads(proc.stdout)["patches"] for op in p["ops"]]
+    ops = [op for p in json.loads(proc.stdout)["patches"] if p["name"] == "bad" for op in p["ops"]]
     if case != "not-a-subclass":  # what the factory returns is known only when it runs
         assert ops[0]["status"] == "fail", ops
         for part in expected:
