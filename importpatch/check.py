@@ -462,9 +462,9 @@ class OpResult:
     candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     hunks: list[HunkResult] | None = None
     symbol: SymbolResult | None = None
-    order: int | None = None  # a wrap's order
-    decorated: bool | None = None  # replace / wrap: on the decorated result
-    chain: dict[str, Any] | None = None  # replace / wrap of an active patch: landing.link
+    order: int | None = None  # a wrap's or subclass's order
+    decorated: bool | None = None  # replace / wrap / subclass: on the decorated result
+    chain: dict[str, Any] | None = None  # a chain op of an active patch: landing.link
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -694,7 +694,7 @@ class _Checker:
             result.detail = f"found: {where}"
         elif v.state == bindings.ABSENT:
             result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
-            if "." in op.qualname and not v.why:
+            if "." in op.qualname and not v.why and result.module and result.file:
                 hint = self._inherited(tree, result.module, result.file, op.qualname)
                 result.detail += f": {hint}" if hint else ""
         else:
@@ -712,8 +712,7 @@ class _Checker:
             return ""
         cls = b.node if isinstance(b.node, ast.ClassDef) and b.kind == "class" else None
         if op.kind == REPLACE and cls is not None and not b.derived and (
-                op.original or not isinstance(op.obj, type)) and (
-                not op.decorated or not cls.decorator_list):
+                op.original or not isinstance(op.obj, type)):
             return not_a_class(op.qualname, op)
         if op.kind == SUBCLASS and b.kind == "def":
             return (f"subclass {op.qualname}: it is a function (def at line {b.line}), not a "

@@ -477,7 +477,8 @@ class ModulePlan:
         for op in ops:
             home = objects.name_home(op.patch)
             if op.kind == REPLACE:
-                if isinstance(obj, type) and (op.original or not isinstance(op.obj, type)):
+                if (op.original or not isinstance(op.obj, type)) and self._class_statement(
+                        obj, qual):
                     raise self.fail(PatchError(
                         op.patch.name, self.module, not_a_class(qual, op), file=self.file))
                 if op.original:
@@ -516,6 +517,12 @@ class ModulePlan:
                 else:
                     obj = op.obj
         return obj
+
+    def _class_statement(self, obj: Any, qual: str) -> bool:
+        """Whether ``obj`` is the class that the class statement of ``qual`` made (not a class
+        that an assignment binds there, ``Factory = dict``): what ``check`` can tell too."""
+        return isinstance(obj, type) and getattr(obj, "__module__", None) == self.module \
+            and getattr(obj, "__qualname__", None) == qual
 
     def _subclass(self, qual: str, op: Op, original: Any) -> Any:
         from . import objects
@@ -1062,20 +1069,21 @@ def inherited_hint(module: str, file: str | None, qual: str) -> str:
 
     def load(name: str) -> tuple[ast.Module, bool] | None:
         path: list[str] | None = None
-        spec = None
+        package = False
+        origin = None
         parts = name.split(".")
         try:
             for i in range(len(parts)):
                 spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), path)
                 if spec is None:
                     return None
+                package = spec.submodule_search_locations is not None
                 path = list(spec.submodule_search_locations or [])
-            origin = getattr(spec, "origin", None)
+                origin = spec.origin
             if not isinstance(origin, str) or not origin.endswith(".py"):
                 return None
             with open(origin, "rb") as f:
-                return ast.parse(decode_source(f.read())), spec.submodule_search_locations \
-                    is not None  # type: ignore[union-attr]
+                return ast.parse(decode_source(f.read())), package
         except (OSError, SyntaxError, ValueError, ImportError):
             return None
 

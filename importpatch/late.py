@@ -5,8 +5,8 @@ process where the ``.pth`` did not run (``python -S``) or ran before the toggles
 Ray executor sets worker variables by RPC after the worker started).
 
 What is done, exactly:
-- replace / wrap / add are applied in place, in the target module, all of a patch or none of it
-  (``landing.ModulePlan.apply_in_place``). A replacement or wrap of a decorated target
+- replace / wrap / add / subclass are applied in place, in the target module, all of a patch or
+  none of it (``landing.ModulePlan.apply_in_place``). A replacement or wrap of a decorated target
   (``decorated=False``, the default) gets the original decorators again where they can be rebuilt
   without side effects (``property`` and its setter chain, ``staticmethod``, ``classmethod``,
   ``functools.cached_property``, ``lru_cache``/``cache``), so the result is what import would have
