@@ -795,7 +795,9 @@ def _after_earlier(op: Op, earlier: list[Op]) -> str:
     above = [e for e in before if e.kind in ORDERED_KINDS]
     if op.kind in (REPLACE, SET) and above:
         listed = " and ".join(repr(e.patch.name) for e in above)
-        how = "wrapped" if all(e.kind == WRAP for e in above) else "wrapped or subclassed"
+        kinds = {e.kind for e in above}
+        how = " and ".join(("wrapped" if k == WRAP else "subclassed") for k in sorted(kinds,
+                                                                                   reverse=True))
         return (f"{op.qualname} is already {how} by {listed} (applied earlier in this "
                 "process); a replace goes beneath the wraps and subclasses, and applying it now "
                 f"would drop them: {together}")

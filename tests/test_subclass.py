@@ -243,3 +243,47 @@ def test_check_and_import_refuse_what_cannot_subclass_naming_the_patch(lab: Lab,
     assert f"PatchError: importpatch: patch 'bad' cannot apply to {module}" in err, run.stderr
     for part in expected:
         assert part in err, err
+
+
+def test_a_late_subclass_or_replace_that_would_reorder_the_chain_is_refused_whole(
+    lab: Lab,
+) -> None:
+    # A subclass goes beneath wraps and above a replace: enabled later than a wrap (it would go
+    # outside it) or before a replace (which would drop it), it is refused, as at import.
+    lab.patch({"chain.py": '''
+        from importpatch import Patch
+
+        w = Patch("w")
+        w.wrap("spk.m:Spec", lambda wrapped, i, a, k: wrapped(*a, **k), decorated=True)
+
+        s = Patch("s")
+
+        @s.subclass("spk.m:Spec")
+        def make(Original):
+            class Spec(Original):
+                def size(self):
+                    return 2 * super().size()
+            return Spec
+
+        r = Patch("r")
+
+        @r.replace("spk.m:Spec")
+        class Spec:
+            def size(self):
+                return 5
+        '''})
+    code = '''
+        import json, sys
+        import spk.m as m
+        import importpatch, importpatch.events as ev
+        importpatch.enable(sys.argv[1])
+        print(json.dumps([m.Spec().size(), [e["detail"] for e in ev.events()
+                                            if e["outcome"] == "failed"]]))
+        '''
+    size, failed = lab.json(code.replace("sys.argv[1]", '"s"'), enable="w")
+    assert size == 16 and len(failed) == 1
+    assert "the subclass of Spec goes inside the wrap of 'w'" in failed[0]
+    size, failed = lab.json(code.replace("sys.argv[1]", '"r"'), enable="s")
+    assert size == 32 and len(failed) == 1
+    assert "Spec is already subclassed by 's'" in failed[0]
+    assert "a replace goes beneath the wraps and subclasses" in failed[0]
