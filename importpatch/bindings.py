@@ -592,6 +592,7 @@ def copy_edges(
 
 # -- A member a class only inherits (messages of check and import) --------------------------------
 
+
 def inherited_from(
     tree: ast.Module, module: str, package: str | None, qualname: str, load: Any
 ) -> str:

@@ -688,7 +688,7 @@ class _Checker:
                 result.detail = f"set replaces or adds {op.qualname} ({v.why})"
         elif v.state == bindings.REFUSED:
             result.status, result.detail = FAIL, v.why
-        elif (not_class := self._class_problem(op, tree, v)):
+        elif (not_class := self._class_problem(op, v)):
             result.status, result.detail = FAIL, not_class
         elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
@@ -701,7 +701,7 @@ class _Checker:
             result.status, result.detail = WARN, v.why
 
     @staticmethod
-    def _class_problem(op: declare.Op, tree: ast.Module, v: Any) -> str:
+    def _class_problem(op: declare.Op, v: Any) -> str:
         """Why a replace or subclass cannot apply to what the source binds (the import hook
         refuses the same): a non-class in place of a class, a subclass of a function."""
         from . import bindings

@@ -187,7 +187,8 @@ class Patch:
         registries, ``isinstance``) and every importer see the subclass, and it pickles by
         reference as the original did: it takes the original's ``__module__``, ``__qualname__``
         and ``__name__``. Several subclasses of one class stack by ``(order, patch name)``, the
-        first nearest the original; a replace of the class goes beneath them, wraps above.
+        first nearest the original; a replace of the class goes beneath them, and
+        ``decorated=True`` wraps above them.
 
             @patch.subclass("pkg.mod:Spec")
             def make(Original):

@@ -859,8 +859,10 @@ ORIGINAL_CLASS = "__importpatch_subclassed__"
 def beneath_subclasses(obj: Any) -> Any:
     """The class that ``subclass`` operations (none: ``obj`` itself) made ``obj`` from."""
     for _ in range(100):
-        attrs = getattr(obj, "__dict__", None)
-        original = attrs.get(ORIGINAL_CLASS) if attrs is not None else None
+        try:
+            original = vars(obj).get(ORIGINAL_CLASS)
+        except Exception:  # no __dict__, or not a mapping: nothing subclassed it
+            return obj
         if original is None:
             return obj
         obj = original
