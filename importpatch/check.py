@@ -40,7 +40,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
-from .declare import ADD, CODE_KINDS, DIFF, FIELD, REPLACE, SET, TRANSFORM, WRAP
+from .declare import (
+    ADD,
+    CHAIN_KINDS,
+    CODE_KINDS,
+    DIFF,
+    FIELD,
+    REPLACE,
+    SET,
+    SUBCLASS,
+    TRANSFORM,
+)
 from .finder import declared
 from .finder import decode_source as _decode
 
@@ -452,9 +462,9 @@ class OpResult:
     candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     hunks: list[HunkResult] | None = None
     symbol: SymbolResult | None = None
-    order: int | None = None  # a wrap's order
-    decorated: bool | None = None  # replace / wrap: on the decorated result
-    chain: dict[str, Any] | None = None  # replace / wrap of an active patch: landing.link
+    order: int | None = None  # a wrap's or subclass's order
+    decorated: bool | None = None  # replace / wrap / subclass: on the decorated result
+    chain: dict[str, Any] | None = None  # a chain op of an active patch: landing.link
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -561,7 +571,7 @@ class _Checker:
 
     def op(self, op: declare.Op) -> OpResult:
         result = OpResult(op.kind, op.target)
-        if op.kind in (REPLACE, WRAP):
+        if op.kind in CHAIN_KINDS:
             result.order, result.decorated = op.order, op.decorated
         if not self.resolve(op, result):
             return result
@@ -678,12 +688,54 @@ class _Checker:
                 result.detail = f"set replaces or adds {op.qualname} ({v.why})"
         elif v.state == bindings.REFUSED:
             result.status, result.detail = FAIL, v.why
+        elif (not_class := self._class_problem(op, v)):
+            result.status, result.detail = FAIL, not_class
         elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
         elif v.state == bindings.ABSENT:
             result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
+            if "." in op.qualname and not v.why and result.module and result.file:
+                hint = self._inherited(tree, result.module, result.file, op.qualname)
+                result.detail += f": {hint}" if hint else ""
         else:
             result.status, result.detail = WARN, v.why
+
+    @staticmethod
+    def _class_problem(op: declare.Op, v: Any) -> str:
+        """Why a replace or subclass cannot apply to what the source binds (the import hook
+        refuses the same): a non-class in place of a class, a subclass of a function."""
+        from . import bindings
+        from .landing import not_a_class
+
+        b = v.binding
+        if b is None or v.state not in (bindings.BOUND, bindings.MAYBE) or op.qualname is None:
+            return ""
+        cls = b.node if isinstance(b.node, ast.ClassDef) and b.kind == "class" else None
+        if op.kind == REPLACE and cls is not None and not b.derived and (
+                op.original or not isinstance(op.obj, type)):
+            return not_a_class(op.qualname, op)
+        if op.kind == SUBCLASS and b.kind == "def":
+            return (f"subclass {op.qualname}: it is a function (def at line {b.line}), not a "
+                    "class (replace or wrap it)")
+        return ""
+
+    def _inherited(self, tree: ast.Module, module: str, file: str, qual: str) -> str:
+        """``bindings.inherited_advice`` when a base class of the owner defines the member."""
+        from . import bindings
+
+        def load(name: str) -> tuple[ast.Module, bool] | None:
+            found = self.source.find(name)
+            mtree = self.tree(found) if found is not None else None
+            if found is None or mtree is None:
+                return None
+            return mtree, os.path.basename(found) == "__init__.py"
+
+        package = module if os.path.basename(file) == "__init__.py" else module.rpartition(".")[0]
+        try:
+            where = bindings.inherited_from(tree, module, package, qual, load)
+        except Exception:  # a hint only
+            return ""
+        return bindings.inherited_advice(module, qual, where) if where else ""
 
 
 def _is_plain_value(obj: Any) -> bool:
@@ -775,7 +827,7 @@ def chains_of(ops: Iterable[tuple[declare.Op, str]],
 
     groups: dict[tuple[str, str], list[declare.Op]] = {}
     for op, module in ops:
-        if op.kind in (REPLACE, WRAP) and op.qualname:
+        if op.kind in CHAIN_KINDS and op.qualname:
             groups.setdefault((module, op.qualname), []).append(op)
     out = []
     for (module, qual), group in sorted(groups.items()):
@@ -880,7 +932,7 @@ def _after_code_changes(
         for r in active:
             changed = False
             for op, res in patch_ops[r.name]:
-                if op.kind not in (REPLACE, WRAP, ADD, SET) or (res.module, res.file) != (
+                if op.kind not in (*CHAIN_KINDS, ADD, SET) or (res.module, res.file) != (
                         module, file) or res.status not in (OK, WARN):
                     continue
                 again = OpResult(op.kind, op.target, module=module, file=file)

@@ -28,10 +28,10 @@ list:   {"patches": [{"name", "kinds": [str], "targets": [str],
                       "declared_in": [str], "ops": [{"kind", "target", "order": int,
                       "decorated": bool, "original": bool}]}],
          "chains": [CHAIN], "problems": [str]}
-         CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace and
-                 wrap operations of one target, innermost first)
-         LINK = {"position": int, "length": int, "patch", "kind": "replace"|"wrap", "order": int,
-                 "decorated": bool, "original": true (only when set)}
+         CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace,
+                 subclass and wrap operations of one target, innermost first)
+         LINK = {"position": int, "length": int, "patch", "kind": "replace"|"subclass"|"wrap",
+                 "order": int, "decorated": bool, "original": true (only when set)}
 check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages", "path", "label",
                      "dists": [{"name", "version"}]},
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
@@ -96,6 +96,7 @@ from typing import Any, NoReturn
 from .check import UsageError
 
 WIDTH = 100
+ORDERED = ("wrap", "subclass")  # kinds that stack by (order, patch name): declare.ORDERED_KINDS
 
 
 # -- Output --------------------------------------------------------------------------------------
@@ -200,9 +201,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         if r["doc"]:
             lines.append(f"    summary   {r['doc'].strip().splitlines()[0]}")
         lines.append(f"    kinds     {', '.join(r['kinds']) or '-'}")
-        orders = {o["target"]: o["order"] for o in r["ops"] if o["kind"] == "wrap" and o["order"]}
-        lines += [f"    target    {t}" + (f" (wrap order {orders[t]})" if t in orders else "")
-                  for t in r["targets"]]
+        orders = {o["target"]: (o["kind"], o["order"]) for o in r["ops"]
+                  if o["kind"] in ORDERED and o["order"]}
+        lines += [f"    target    {t}" + (f" ({orders[t][0]} order {orders[t][1]})"
+                                          if t in orders else "") for t in r["targets"]]
         lines.append(f"    source    {ORIGINS.get(r['origin'], r['origin'])}: {r['source']}")
         if r["requires"]:
             req = "; ".join(r["requires"])
@@ -217,17 +219,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _object_ops(entry: Any) -> list[Any]:
-    """The replace / wrap / add operations of a patch (its declaration runs, once per process);
-    none when it does not load (the row's error says why)."""
+    """The replace / wrap / add / subclass operations of a patch (its declaration runs, once per
+    process); none when it does not load (the row's error says why)."""
     from . import catalog
+    from .declare import OBJECT_KINDS
 
-    if entry.error or not {"replace", "wrap", "add"} & set(entry.kinds or ()):
+    if entry.error or not set(OBJECT_KINDS) & set(entry.kinds or ()):
         return []
     try:
         patch = catalog.load_patch(entry)
     except Exception:
         return []
-    return [op for op in patch.ops if op.kind in ("replace", "wrap", "add")]
+    return [op for op in patch.ops if op.kind in OBJECT_KINDS]
 
 
 def _reason(text: str, requires: str) -> str:
@@ -286,7 +289,7 @@ def check_lines(p: Any, style: Style) -> list[str]:
             lines.append(f"{pad}{op.detail}")
         if op.chain is not None and op.chain["length"] > 1:
             lines.append(f"{pad}{link_text(op.chain)}")
-        elif op.kind == "wrap" and op.order:
+        elif op.kind in ORDERED and op.order:
             lines.append(f"{pad}order {op.order}")
         for h in op.hunks or ():
             if not h.applied:  # the words are diffs.HunkMismatch.describe()'s, as at import
@@ -300,7 +303,7 @@ def link_text(link: dict[str, Any]) -> str:
     """``position 2 of 3 in its target's chain (innermost first), order -10``."""
     text = f"position {link['position']} of {link['length']} in its target's chain " \
            "(innermost first)"
-    if link["kind"] == "wrap":
+    if link["kind"] in ORDERED:
         text += f", order {link['order']}"
     return text + (", decorated=True" if link["decorated"] else "")
 
@@ -317,7 +320,7 @@ def chain_lines(chains: Sequence[dict[str, Any]], whose: str) -> list[str]:
             if link["decorated"] and undecorated:
                 lines.append("       (the original's decorators)")
                 undecorated = False
-            order = f" (order {link['order']})" if link["kind"] == "wrap" else ""
+            order = f" (order {link['order']})" if link["kind"] in ORDERED else ""
             original = " (original=True)" if link.get("original") else ""
             lines.append(f"    {link['position']}. {link['kind']:8} {link['patch']}{order}"
                          f"{original}")
@@ -369,7 +372,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return status
     if not modules:
         _note(f"patch {patch.name!r} has no diff or transform operation: its replace / wrap / add "
-              "operations change objects when the module runs, not its source")
+              "/ subclass operations change objects when the module runs, not its source")
     style = Style(sys.stdout)
     for m in modules:
         sys.stdout.write("".join(style.diff_line(line) + "\n" for line in m["diff"].splitlines()))
@@ -767,11 +770,11 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
         link = ev.get("chain")
         if link and link.get("length", 1) > 1:
             text += f" [{link['position']} of {link['length']}"
-            text += f", order {link['order']}]" if link.get("kind") == "wrap" else "]"
+            text += f", order {link['order']}]" if link.get("kind") in ORDERED else "]"
         lines.append(text)
     for c in proc.get("chains", ()):
         steps = " < ".join(
-            f"{lk['kind']} {lk['patch']}" + (f" ({lk['order']})" if lk["kind"] == "wrap" else "")
+            f"{lk['kind']} {lk['patch']}" + (f" ({lk['order']})" if lk["kind"] in ORDERED else "")
             for lk in c["links"])
         lines.append(f"{indent}  chain {c['target']}: {steps}")
     for child in proc["children"]:
