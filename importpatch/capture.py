@@ -200,12 +200,12 @@ def _added(site: str, rows: list[tuple[str, str | None]], known: set[str]) -> li
                     found.append(os.path.relpath(path, site).replace(os.sep, "/"))
     if not found:
         return []
-    others = set()  # other distributions' files in the same folder (namespace packages)
+    others: set[str] = set()  # other distributions' files there (namespace packages)
     for entry in os.listdir(site):
         if entry.endswith(".dist-info"):
             try:
-                with open(os.path.join(site, entry, "RECORD"), encoding="utf-8") as f:
-                    others.update(line.split(",", 1)[0] for line in f)
+                with open(os.path.join(site, entry, "RECORD"), encoding="utf-8") as record:
+                    others.update(line.split(",", 1)[0] for line in record)
             except OSError:
                 continue
     return [rel for rel in found if rel not in others]
