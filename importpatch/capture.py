@@ -265,7 +265,6 @@ def capture(
         changes.append(Change(rel, DELETED, False, "a diff patch cannot delete a file"))
     for rel in found.added:
         changes.append(Change(rel, ADDED, False, "a diff patch cannot add a file"))
-    modules: list[tuple[str, str, bytes]] = []  # (rel, edited text, pristine bytes)
     edited = [(rel, digest) for rel, digest in found.edited if _is_module(rel)]
     for rel, _ in found.edited:
         if not _is_module(rel):
@@ -278,27 +277,14 @@ def capture(
             "RECORD" + (f" (not carried: {listed})" if listed else ""),
             "edit an installed .py file of it first" if not changes else
             "only edits of installed .py files become a diff patch")
-    pristine = open_pristine(source, found.dist, found.version)
+    edits: list[tuple[str, str, str]] = []  # (rel, RECORD sha256, edited text)
     for rel, digest in edited:
         path = os.path.join(found.site, *rel.split("/"))
         with open(path, "rb") as f:
-            text = _decode(f.read(), path)
-        file = pristine.find(module_of(rel))
-        if file is None or check.module_path(module_of(rel), file) != rel:
-            raise UsageError(f"{rel} is not in {pristine.label}",
-                             f"--from must be {found.dist}=={found.version} (what is installed)")
-        orig = pristine.data(file)
-        if sha256(orig) != digest:
-            raise UsageError(
-                f"{rel} of {pristine.label} is not the file {label} installed (its sha256 "
-                "differs from the RECORD)",
-                f"--from must be exactly {found.dist}=={found.version}, the installed release")
-        modules.append((rel, text, orig))
-        changes.append(Change(rel, EDITED, True))
-    changes.sort(key=lambda c: (not c.carried, c.path))
+            edits.append((rel, digest, _decode(f.read(), path)))
 
-    # Everything that can refuse does so before the first write.
-    tops = {rel.split("/", 1)[0].removesuffix(".py") for rel, _, _ in modules}
+    # Every check that can refuse runs before the first write; the cheap ones before a download.
+    tops = {rel.split("/", 1)[0].removesuffix(".py") for rel, _, _ in edits}
     package = tops.pop() if len(tops) == 1 else found.dist
     base = f"{found.dist}=={found.version}"
     if requires is not None:
@@ -312,16 +298,30 @@ def capture(
     if old is None and os.path.isdir(folder) and os.listdir(folder):
         raise UsageError(f"{folder} exists and is not a work session",
                          "choose another --name or --work, or remove that folder")
-    texts = [(rel, pristine.text(file_of(pristine, rel)), text) for rel, text, _ in modules]
-    for rel, old_text, new_text in texts:
-        _check_round_trip(rel, old_text, new_text)
+    pristine = open_pristine(source, found.dist, found.version)
+    modules: list[tuple[str, str, str, bytes]] = []  # (rel, pristine text, edited, its bytes)
+    for rel, digest, text in edits:
+        file = pristine.find(module_of(rel))
+        if file is None or check.module_path(module_of(rel), file) != rel:
+            raise UsageError(f"{rel} is not in {pristine.label}",
+                             f"--from must be {base}, the installed release")
+        orig = pristine.data(file)
+        if sha256(orig) != digest:
+            raise UsageError(
+                f"{rel} of {pristine.label} is not the file {label} installed (its sha256 "
+                "differs from the RECORD)", f"--from must be exactly {base}, the installed release")
+        orig_text = pristine.text(file)
+        _check_round_trip(rel, orig_text, text)
+        modules.append((rel, orig_text, text, orig))
+        changes.append(Change(rel, EDITED, True))
+    changes.sort(key=lambda c: (not c.carried, c.path))
 
     if old is not None:
         shutil.rmtree(folder)
     session = authoring.Session(name, folder, base=base, package=package,
                                 source=pristine.label, note=f"capture of {label}")
     session.header = _header(session, requires, summary, found, changes)
-    for rel, old_text, new_text in texts:
+    for rel, old_text, new_text, _ in modules:
         authoring.write_text(session.path(authoring.ORIG, rel), old_text)
         authoring.write_text(session.path(authoring.EDIT, rel), new_text)
         session.files[rel] = module_of(rel)
@@ -331,15 +331,9 @@ def capture(
     except UsageError:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    restored = [_restore(found, rel, orig) for rel, _, orig in modules] if restore else []
+    restored = [_restore(found, rel, orig) for rel, _, _, orig in modules] if restore else []
     return CaptureResult(found.dist, found.version, found.site, pristine.label, name, saved.out,
                          saved.base, saved.requires, folder, changes, restored)
-
-
-def file_of(source: check.Source, rel: str) -> str:
-    file = source.find(module_of(rel))
-    assert file is not None  # found above
-    return file
 
 
 def _check_round_trip(rel: str, old: str, new: str) -> None:

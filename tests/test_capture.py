@@ -275,14 +275,16 @@ def test_capture_takes_the_pristine_files_from_the_release_cache(
     assert cached.is_file()
 
 
+KEEP = ("Name: keep\nBase: tpkg-cpu==1.4.0\nRequires: tpkg>=1\n\n--- a/tpkg/core.py\n"
+        "+++ b/tpkg/core.py\n@@ -7,3 +7,3 @@\n def compute(x):\n-    total = x * 2\n"
+        "+    total = x * 7\n     return total + 1\n")
+
+
 def test_check_against_a_release_by_version_downloads_it_once(
     venv: Venv, package_index: Any, env: dict[str, str | None], tmp_path: Path
 ) -> None:
     patches = Path(str(env["IMPORTPATCH_PATH"]))
-    (patches / "keep.diff").write_text(
-        "Name: keep\nRequires: tpkg>=1\n\n--- a/tpkg/core.py\n+++ b/tpkg/core.py\n"
-        "@@ -7,3 +7,3 @@\n def compute(x):\n-    total = x * 2\n+    total = x * 7\n"
-        "     return total + 1\n")
+    (patches / "keep.diff").write_text(KEEP)
     idx = {**env, "PIP_INDEX_URL": package_index.url}
     spec = "tpkg-cpu==1.4.0"
     proc = ip(venv, "check", "keep", "--against", spec, "--json", env=idx)
@@ -307,6 +309,11 @@ def test_the_installed_release_is_read_from_disk_and_edited_files_from_the_relea
               "tpkg-cpu==1.4.0", "--json", env=idx)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["source"].startswith("installed tpkg-cpu 1.4.0")
+    # rebase's base (the Base: header) is the installed release too.
+    (Path(str(env["IMPORTPATCH_PATH"])) / "keep.diff").write_text(KEEP)
+    proc = ip(venv, "rebase", "keep", "--to", "installed", "--dry-run", "--json", env=idx)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["status"] == "clean"
     assert package_index.requests == []  # no download: the installed files are that release
     core = tpkg / "tpkg" / "core.py"
     pristine = core.read_text()
