@@ -37,7 +37,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import authoring, check, diffs
 from .check import UsageError
@@ -106,8 +106,14 @@ def find_dist(name: str) -> metadata.Distribution:
                      "'pip list' shows the names")
 
 
-def record_rows(dist: metadata.Distribution) -> list[tuple[str, str | None]]:
-    """(path, sha256 hex or None) per RECORD row; UsageError when there is no RECORD."""
+class Row(NamedTuple):
+    path: str  # relative to the site folder, "/"-separated
+    digest: str | None  # sha256 hex (None: RECORD gives none, as for RECORD and .pyc files)
+    size: int | None
+
+
+def record_rows(dist: metadata.Distribution) -> list[Row]:
+    """The rows of ``dist``'s RECORD; UsageError when there is none."""
     import csv
 
     text = dist.read_text("RECORD")
@@ -117,7 +123,7 @@ def record_rows(dist: metadata.Distribution) -> list[tuple[str, str | None]]:
             f"{label} has no RECORD (installed by a tool that does not write one: conda, "
             "setup.py develop, an egg): which files changed cannot be told",
             "reinstall it with pip or uv, or make the patch with 'importpatch edit'")
-    rows: list[tuple[str, str | None]] = []
+    rows: list[Row] = []
     for row in csv.reader(text.splitlines()):
         if not row or not row[0]:
             continue
@@ -128,12 +134,22 @@ def record_rows(dist: metadata.Distribution) -> list[tuple[str, str | None]]:
                 digest = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
             except ValueError:
                 digest = None
-        rows.append((row[0], digest))
+        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+        rows.append(Row(row[0].replace(os.sep, "/"), digest, size))
     return rows
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str) -> str:
+    """sha256 hex of a file, read in pieces (vLLM's compiled libraries are large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def site_of(dist: metadata.Distribution) -> str:
@@ -162,31 +178,26 @@ def scan(dist: metadata.Distribution) -> Scan:
     edited: list[tuple[str, str]] = []
     deleted: list[str] = []
     known = set()
-    for rel, digest in rows:
-        rel = rel.replace(os.sep, "/")
+    for rel, digest, size in rows:
         known.add(os.path.normpath(os.path.join(site, rel)))
         if digest is None or not inside(rel) or rel.endswith((".pyc", ".pyo")):
             continue  # RECORD itself, byte-compiled files, scripts outside the site folder
         path = os.path.join(site, *rel.split("/"))
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            if (size is not None and os.stat(path).st_size != size) or file_sha256(path) != digest:
+                edited.append((rel, digest))
         except FileNotFoundError:
             deleted.append(rel)
-            continue
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc}", "check its permissions") from None
-        if sha256(data) != digest:
-            edited.append((rel, digest))
     name = str(dist.metadata["Name"])
-    return Scan(name, str(dist.version), site, edited, deleted,
-                _added(site, rows, known))
+    return Scan(name, str(dist.version), site, edited, deleted, _added(site, rows, known))
 
 
-def _added(site: str, rows: list[tuple[str, str | None]], known: set[str]) -> list[str]:
+def _added(site: str, rows: list[Row], known: set[str]) -> list[str]:
     """Files in the distribution's package folders that no distribution of ``site`` installed
     (a namespace folder may hold other distributions' files: those are theirs, not added)."""
-    tops = sorted({rel.split("/", 1)[0] for rel, _ in rows
+    tops = sorted({rel.split("/", 1)[0] for rel, _, _ in rows
                    if "/" in rel and inside(rel) and not rel.split("/", 1)[0].endswith(
                        (".dist-info", ".egg-info", ".data"))})
     found: list[str] = []

@@ -464,7 +464,7 @@ class InstalledRelease(Source):
             rows = capture.record_rows(found)
         except (UsageError, ValueError):
             return None
-        table = {rel: digest for rel, digest in rows if capture.inside(rel)}
+        table = {rel: digest for rel, digest, _ in rows if capture.inside(rel)}
         tops = _tops_of_record(table)
         return cls(capture.site_of(found), Dist(str(found.metadata["Name"]), str(found.version),
                                                  frozenset(tops)), table, spec)
