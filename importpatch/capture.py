@@ -190,7 +190,10 @@ def scan(dist: metadata.Distribution) -> Scan:
             deleted.append(rel)
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc}", "check its permissions") from None
-    name = str(dist.metadata["Name"])
+    name = dist.metadata["Name"]
+    if not name:
+        raise UsageError(f"the distribution in {site} has no METADATA with a Name",
+                         "reinstall it")
     return Scan(name, str(dist.version), site, edited, deleted, _added(site, rows, known))
 
 
@@ -223,6 +226,12 @@ def _added(site: str, rows: list[Row], known: set[str]) -> list[str]:
 
 
 # -- capture -------------------------------------------------------------------------------------
+
+
+def summarize(changes: list[Change], shown: int = 5) -> str:
+    """``edited a/x.json; added a/y.py`` (the first ``shown``), then how many more."""
+    text = "; ".join(f"{c.how} {c.path}" for c in changes[:shown])
+    return text + (f"; and {len(changes) - shown} more" if len(changes) > shown else "")
 
 
 def module_of(rel: str) -> str:
@@ -282,10 +291,9 @@ def capture(
             changes.append(Change(rel, EDITED, False,
                                   "not a Python module: the hook patches module source only"))
     if not edited:
-        listed = "; ".join(f"{c.how} {c.path}" for c in changes)
         raise UsageError(
             f"nothing to capture: no Python module of {label} in {found.site} differs from its "
-            "RECORD" + (f" (not carried: {listed})" if listed else ""),
+            "RECORD" + (f" (not carried: {summarize(changes)})" if changes else ""),
             "edit an installed .py file of it first" if not changes else
             "only edits of installed .py files become a diff patch")
     edits: list[tuple[str, str, str]] = []  # (rel, RECORD sha256, edited text)
@@ -366,7 +374,9 @@ def _header(session: authoring.Session, requires: str | None, summary: str | Non
                         "captured from site-packages with `importpatch capture`")
     left = [c for c in changes if not c.carried]
     if left:
-        lines = "".join(f"  {c.how} {c.path} ({c.why})\n" for c in left)
+        lines = "".join(f"  {c.how} {c.path} ({c.why})\n" for c in left[:20])
+        if len(left) > 20:
+            lines += f"  ... and {len(left) - 20} more\n"
         text = text.rstrip("\n") + f"\nNot carried (left as they are in site-packages):\n{lines}\n"
     return text
 

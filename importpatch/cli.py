@@ -535,7 +535,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
              f"    base      {result.base}",
              f"    requires  {'; '.join(result.requires) or '-'}"]
     lines += [f"    changes   {c.path}" for c in result.changes if c.carried]
-    lines += [f"    NOT CARRIED {c.how} {c.path}: {c.why}" for c in result.not_carried]
+    left = result.not_carried
+    lines += [f"    NOT CARRIED {c.how} {c.path}: {c.why}" for c in left[:20]]
+    if len(left) > 20:
+        lines.append(f"    NOT CARRIED ... and {len(left) - 20} more ('--json' lists them all)")
     if result.restored:
         lines.append(f"restored {len(result.restored)} file(s) to the release's text: the "
                      f"change now comes from the patch (IMPORTPATCH_ENABLE={result.name})")
