@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -74,7 +75,8 @@ def toy_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def toy(venv: Venv, toy_wheel: Path) -> Path:
-    """toy-dist 1.2.0 freshly installed by pip (what a test edited is gone); its site folder."""
+    """toy-dist 1.2.0 freshly installed by pip (what a test edited or added is gone)."""
+    shutil.rmtree(venv.site_packages / "toy", ignore_errors=True)
     venv.pip("install", "--no-deps", "--no-index", "--force-reinstall", "-q", str(toy_wheel))
     return venv.site_packages
 
@@ -217,8 +219,13 @@ def test_refusals_are_one_line_and_change_nothing(
         for f in meta.iterdir():
             f.unlink()
         meta.rmdir()
-    # Nothing edited.
-    assert "nothing to capture" in refused("toy-dist", "--name", "x", "--from", str(toy_wheel))
+    # Nothing edited (seven added files: the line names five and counts the rest).
+    for i in range(7):
+        (toy / "toy" / f"new{i}.py").write_text("")
+    line = refused("toy-dist", "--name", "x", "--from", str(toy_wheel))
+    assert "nothing to capture" in line and "added toy/new4.py; and 2 more)" in line
+    for i in range(7):
+        (toy / "toy" / f"new{i}.py").unlink()
     # An edit that wrote latin-1 bytes into the UTF-8 module.
     core.write_bytes(CORE.replace('"toy"', '"toy é"').encode("latin-1"))
     line = refused("toy-dist", "--name", "x", "--from", str(toy_wheel))
