@@ -340,6 +340,10 @@ patch changed since, and when a patch's `Requires` disagrees with a verdict.
 
 Source diffs are also tried with `git apply --check` and GNU `patch --dry-run -F0`; a cell says
 when either disagrees with importpatch.
+
+![Shipped patches x vLLM releases, coloured by verdict](img/compat-matrix.svg)
+
+(The grid is drawn from compat-matrix.json by scripts/gen_figures.py when the site is built.)
 """
 
 
