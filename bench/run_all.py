@@ -1,4 +1,4 @@
-"""Run every benchmark and print one markdown table (paste it into the README).
+"""Run every benchmark and print one markdown table (paste it into docs/benchmarks.md).
 
     python bench/run_all.py                 # all, default repetitions (~5-10 min here)
     python bench/run_all.py --scale 0.3     # fewer repetitions, a quick look
