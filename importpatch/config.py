@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-# Every variable the project reads, in one place (docs/reference/environment.md and `importpatch doctor` list them).
+# Every variable the project reads, in one place (docs/reference/environment.md and
+# `importpatch doctor` list them).
 ENABLE = "IMPORTPATCH_ENABLE"  # comma/space separated patch names, or "all" (not the built-in)
 DISABLE = "IMPORTPATCH_DISABLE"  # names to switch off, wins over ENABLE and defaults
 OFF = "IMPORTPATCH_OFF"  # global kill switch (a switch: see SWITCH_VALUES)

@@ -59,7 +59,7 @@ def test_a_parser_change_makes_the_page_stale(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(importpatch.cli, "parser", changed)
     text = _generator().render()
-    assert "`--new-flag`" in text and "a flag the page does not know" in text
+    assert "`--new-flag NEW_FLAG`" in text and "a flag the page does not know" in text
     assert text != PAGE.read_text(encoding="utf-8")
 
 
