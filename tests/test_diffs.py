@@ -1040,7 +1040,7 @@ def test_property_garbage_after_hunk_header_raises(garbage: list[str]) -> None:
 # ----------------------------------------------- placement where git apply and GNU patch differ
 
 
-def test_a_hunk_starts_at_its_line_moved_by_the_previous_hunks_offset_as_gnu_patch_not_git() -> None:
+def test_the_previous_offset_is_carried_as_gnu_patch_does_not_git() -> None:
     # Upstream added 50 lines at the top, and a copy of hunk 2's old side 24 lines below hunk 2's
     # stated line. GNU patch carries hunk 1's offset (+50) to hunk 2 and finds its lines 7 away
     # from there, where they moved; git apply starts hunk 2 at its own stated line and takes the
