@@ -814,7 +814,10 @@ def _check_entry(
         result.problems.append(f"the declaration does not load: {entry.error}")
         result.status = FAIL
         return result, []
-    loaded = declared(entry, checker.version_of)
+    src = checker.source
+    loaded = declared(entry, checker.version_of, None if src.kind == "installed" else (
+        f"{src.kind} {os.path.basename(src.path or '')}" if src.kind in ("wheel", "sdist")
+        else f"{src.kind} {src.path}"))
     if loaded.patch is None:
         result.problems.append(f"the declaration does not load: {loaded.error}")
         result.status = FAIL

@@ -81,10 +81,12 @@ class Declared:
         self.entry, self.patch, self.error, self.ok, self.why = entry, patch, error, ok, why
 
 
-def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None) -> Declared:
+def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None,
+             where: str | None = None) -> Declared:
     """Load ``entry``'s declaration (executing its file the first time) and judge its version
-    requirement, with ``version_of`` (default: what is installed). The one implementation the
-    loader, late activation and ``importpatch check`` share; it records nothing."""
+    requirement, with ``version_of`` (default: what is installed; ``where`` names what it reads
+    otherwise). The one implementation the loader, late activation and ``importpatch check``
+    share; it records nothing."""
     from .catalog import load_patch
     from .versions import check, distribution_version
 
@@ -92,7 +94,7 @@ def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None
         patch = load_patch(entry)
     except Exception as exc:
         return Declared(entry, None, f"{type(exc).__name__}: {exc}", False, "")
-    ok, why = check(patch.requires, version_of or distribution_version)
+    ok, why = check(patch.requires, version_of or distribution_version, where)
     return Declared(entry, patch, "", ok, why)
 
 

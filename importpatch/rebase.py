@@ -468,7 +468,7 @@ def rebase(
                 authoring.session_folder(name, work), f"{name}.diff")
             if out and os.path.isdir(out):
                 target_path = os.path.join(out, f"{name}.diff")
-            authoring.write_text(target_path, report.diff)
+            authoring.write_or_explain(target_path, report.diff)
             report.out = target_path
         return report
     # Conflict (or a module missing in the target): leave the merge in the work folder.

@@ -172,6 +172,28 @@ def test_save_refuses_conflict_markers_and_names_the_lines(
     assert not (Path(env["IMPORTPATCH_PATH"]) / "marked.diff").exists()
 
 
+def test_save_names_a_byte_that_is_not_utf8_and_a_folder_it_cannot_write(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    tree = make_tree(tmp_path / "tree")
+    work = tmp_path / "work"
+    run_cli("edit", "tpkg.sub.engine", "--name", "enc", "--against", str(tree), "--work",
+            str(work), env=env)
+    edit = work / "enc" / "edit" / "tpkg" / "sub" / "engine.py"
+    edit.write_bytes(ENGINE.replace("return 1", "return 'caf\xe9'").encode("latin-1"))
+    proc = run_cli("save", "enc", "--work", str(work), env=env, check_rc=2)
+    assert "internal error" not in proc.stderr and "a bug in importpatch" not in proc.stderr
+    assert f"{edit} is not UTF-8 text: byte 0xe9 on line 3, column 22" in proc.stderr
+    edit.write_text(ENGINE.replace("return 1", "return 2"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_cli("save", "enc", "--work", str(work), "--out", str(blocker / "sub" / "x.diff"),
+                   env=env, check_rc=2)
+    assert "internal error" not in proc.stderr and "a bug in importpatch" not in proc.stderr
+    assert f"cannot write {blocker / 'sub' / 'x.diff'}: " in proc.stderr
+    assert f"(in folder {blocker / 'sub'})" in proc.stderr
+
+
 def test_edit_and_save_usage_errors(tmp_path: Path, env: dict[str, str]) -> None:
     tree = make_tree(tmp_path / "tree")
     proc = run_cli("edit", "tpkg.nope", "--against", str(tree), env=env, check_rc=2)
