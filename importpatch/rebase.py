@@ -281,12 +281,71 @@ def _three_way(
                          "merged with upstream changes at line(s) "
                          + ", ".join(map(str, upstream_near[s.index][:5])))
             fate = HunkFate(s.index, _hunk_header(s.hunk), MERGED, line, moved, what_near)
-        else:
+        elif seen:
             fate = HunkFate(s.index, _hunk_header(s.hunk), APPLIED, line, moved,
                             "merged, context unchanged")
+        else:
+            fate = _unowned(s, moved, "".join(their_lines), "".join(out))
         fates.append(fate)
     text = "".join(out)
-    return FileMerge(CONFLICT if conflicts else MERGED, text, fates, conflicts)
+    unsettled = conflicts or any(f.status == CONFLICT for f in fates)
+    return FileMerge(CONFLICT if unsettled else MERGED, text, fates, conflicts)
+
+
+def _unowned(s: _Span, moved: int, theirs: str, merged: str) -> HunkFate:
+    """The fate of a hunk that owns no region of the merge (merge3 yields no region for the same
+    deletion on both sides; with repeated lines the alignment may give a hunk's change to a
+    neighbour's region). Never "applied" when the result is the target unchanged, nor when the
+    target has its new side and not its old one (upstream); applied when the result reads as its
+    new side; else its change is lost, which only a person can settle: a conflict."""
+    header = _hunk_header(s.hunk)
+    stated = s.base_start + moved
+    reverse = s.hunk.reversed()
+
+    def fits(hunk: diffs.Hunk, text: str) -> int:
+        if not hunk.old_lines:
+            return -1
+        return diffs._Source(text).place(hunk, stated, 0, diffs.DEFAULT_MAX_OFFSET, False)
+
+    new_in_theirs = fits(reverse, theirs)
+    if merged == theirs or (new_in_theirs >= 0 and fits(s.hunk, theirs) < 0):
+        at = new_in_theirs if new_in_theirs >= 0 else None
+        return HunkFate(s.index, header, UPSTREAM, None if at is None else at + 1, moved,
+                        "already upstream: the target release already reads as its new side "
+                        "(the merge changes nothing for it)")
+    if all(tag != "+" for tag, _ in s.hunk.lines) and fits(s.hunk, theirs) < 0 and not any(
+            _near(run, theirs, stated) for run in _runs(s.hunk, "-")):
+        return HunkFate(s.index, header, UPSTREAM, None, moved,
+                        "already upstream: the target release does not have the lines it "
+                        "removes")
+    at = fits(reverse, merged)
+    if at >= 0 or not reverse.old_lines:
+        return HunkFate(s.index, header, APPLIED, at + 1 if at >= 0 else None, moved,
+                        "merged, context unchanged (its change aligned with a neighbouring "
+                        "hunk's)")
+    return HunkFate(s.index, header, CONFLICT, detail="the merge did not carry its change and "
+                    "the target does not have it: resolve by hand")
+
+
+def _runs(hunk: diffs.Hunk, tag: str) -> list[list[str]]:
+    """The runs of consecutive ``tag`` lines of a hunk."""
+    runs: list[list[str]] = []
+    previous = ""
+    for t, text in hunk.lines:
+        if t == tag:
+            if previous != tag:
+                runs.append([])
+            runs[-1].append(text)
+        previous = t
+    return runs
+
+
+def _near(run: list[str], text: str, line: int) -> bool:
+    """Whether the lines ``run`` occur in ``text`` within the diff window of 0-based ``line``."""
+    keys = diffs._Source(text).keys
+    lo = max(0, line - diffs.DEFAULT_MAX_OFFSET)
+    hi = min(len(keys) - len(run), line + diffs.DEFAULT_MAX_OFFSET)
+    return any(keys[p:p + len(run)] == run for p in range(lo, hi + 1))
 
 
 def _offset_at(syncs: Sequence[tuple[int, ...]], base_line: int) -> int:

@@ -183,7 +183,7 @@ def test_save_names_a_byte_that_is_not_utf8_and_a_folder_it_cannot_write(
     edit.write_bytes(ENGINE.replace("return 1", "return 'caf\xe9'").encode("latin-1"))
     proc = run_cli("save", "enc", "--work", str(work), env=env, check_rc=2)
     assert "internal error" not in proc.stderr and "a bug in importpatch" not in proc.stderr
-    assert f"{edit} is not UTF-8 text: byte 0xe9 on line 3, column 22" in proc.stderr
+    assert f"{edit} is not UTF-8 text: byte 0xe9 on line 3, column 20" in proc.stderr
     edit.write_text(ENGINE.replace("return 1", "return 2"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -250,6 +250,51 @@ def test_the_same_change_upstream_is_reported_and_never_duplicated() -> None:
     assert merged.text == "header = 0\n" + ours
     # moved: where each change now sits in the target, against the base (header, extra line)
     assert [(h.status, h.moved) for h in merged.hunks] == [("upstream", 1), ("applied", 2)]
+
+
+def test_a_hunk_whose_change_the_target_already_has_is_never_reported_applied() -> None:
+    # The diff deletes a block the target never had (a deletion made on both sides): merge3
+    # yields no region for it, and the merged file is the target's, unchanged.
+    lines = ["x = 1", "", "x = 1", "", "pass", "}", "", "a", "b", "pass", "", "a", "a", "a", "",
+             "pass", "x = 1", ""]
+    base = "".join(f"{line}\n" for line in lines)
+    ours = "".join(f"{line}\n" for line in lines[:14])
+    fp = diffs.parse(diffs.make_diff(base, ours, "m.py")).files[0]
+    merged = rebase.merge_file(base, ours, fp)
+    assert merged.clean and merged.text == ours
+    assert [(h.status, h.detail) for h in merged.hunks] == [
+        ("upstream", "already upstream: the target release already reads as its new side "
+         "(the merge changes nothing for it)")]
+    # An insertion between repeated lines that the alignment gives to no hunk: also upstream.
+    base = "c\npass\nd\nd\nd\nd\na\nc\n}\n}\nx = 1\nb\n\nc\nb\nb\nx = 1\nc\n"
+    ours = "c\npass\nd\nd\nd\nd\nd\na\nc\n}\n}\nb\n\nx = 1\nb\n\nc\nb\n"
+    fp = diffs.parse(diffs.make_diff(base, ours, "m.py")).files[0]
+    merged = rebase.merge_file(base, ours, fp)
+    assert merged.clean and merged.text == ours
+    assert [h.status for h in merged.hunks] == ["upstream", "upstream"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(["a", "b", "", "}", "x = 1", "pass"]), min_size=6, max_size=30),
+       st.data())
+def test_property_applied_means_the_merge_changed_the_target(lines: list[str], data: Any
+                                                             ) -> None:
+    """A clean merge equal to the target reports no hunk applied (the issue's rule)."""
+    base = "".join(f"{line}\n" for line in lines)
+    i = data.draw(st.integers(0, len(lines) - 1))
+    j = data.draw(st.integers(i + 1, min(len(lines), i + 4)))
+    kept = lines[:i] + lines[j:]
+    ours = "".join(f"{line}\n" for line in kept)
+    extra = data.draw(st.lists(st.sampled_from(["a", "", "}", "new = 2"]), max_size=2))
+    at = data.draw(st.integers(0, len(kept)))
+    theirs_lines = kept[:at] + extra + kept[at:]
+    theirs = "".join(f"{line}\n" for line in theirs_lines)
+    text = diffs.make_diff(base, ours, "m.py")
+    if not text:
+        return
+    merged = rebase.merge_file(base, theirs, diffs.parse(text).files[0])
+    if merged.clean and merged.text == theirs:
+        assert all(h.status != "applied" for h in merged.hunks), merged.hunks
 
 
 # -- Hypothesis: the two properties of the issue, against real git ------------------------------
