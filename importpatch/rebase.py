@@ -523,8 +523,16 @@ def rebase(
             report.diff = ""
         if not dry_run and body:
             own = authoring.own_diff_file(patch)
+            if why.startswith("narrowed"):
+                # The deployed file still serves releases the rebased diff does not apply to:
+                # never replaced unless --out says so.
+                own = None
             target_path = out or own or os.path.join(
                 authoring.session_folder(name, work), f"{name}.diff")
+            deployed = authoring.own_diff_file(patch)
+            if not out and deployed and own is None:
+                report.requires_why += (f"; so written to the work folder, not over {deployed} "
+                                        "(--out FILE to choose)")
             if out and os.path.isdir(out):
                 target_path = os.path.join(out, f"{name}.diff")
             authoring.write_or_explain(target_path, report.diff)
@@ -574,9 +582,11 @@ def requires_after(
 ) -> tuple[list[str], str]:
     """``Requires`` of the rebased diff, and why. One file per patch, the requirement telling
     the truth: the rebased diff is tried on the base release too. If it still applies there and
-    the old ``Requires`` admits the target, the old one is kept; if it applies there, the two
-    releases' minor series are joined (widened); otherwise it covers the target's series only
-    (the old file, from version control, serves the old releases)."""
+    the old ``Requires`` admits the target, the old one is kept; if it applies there, the old
+    range is extended to the target's minor series (widened: never narrower than the old one, so
+    no release the diff was good for is dropped, whichever way the rebase goes); otherwise it
+    covers the target's series only, and the reason starts with "narrowed" (``rebase`` then
+    writes it beside the old file, which still serves the old releases, unless told where)."""
     from packaging.version import Version
 
     new_spec = releases.parse_spec(new_base) if new_base else None
@@ -599,7 +609,45 @@ def requires_after(
         lo, hi = sorted((old_spec[1], new_version), key=Version)
         low_bound = authoring.minor_series(top, lo).split(",")[0]
         high_bound = authoring.minor_series(top, hi).split(",")[1]
-        return [f"{low_bound},{high_bound}"], ("widened: the rebased diff applies to both "
-                                               f"{base_label} and {new_base}")
-    return [target_series], (f"the target's series: the rebased diff does not apply to "
-                             f"{base_label} (keep the old file for older releases)")
+        joined = f"{low_bound},{high_bound}"
+        if len(ours) == 1:
+            extended = _extend(ours[0], joined)
+            if extended is not None:
+                others = [r for r in patch.requires if r not in ours]
+                return [extended, *others], (
+                    f"widened: the rebased diff applies to both {base_label} and {new_base}; "
+                    f"{ours[0]} extended to admit {new_base}")
+        return [joined], ("widened: the rebased diff applies to both "
+                          f"{base_label} and {new_base}")
+    dropped = f"{'; '.join(patch.requires)}" if patch.requires else base_label
+    return [target_series], (f"narrowed to the target's series: the rebased diff does not apply "
+                             f"to {base_label} (the old diff still serves {dropped}: keep its "
+                             "file for those releases)")
+
+
+def _extend(requirement: str, joined: str) -> str | None:
+    """``requirement`` (one package, ``>=``/``>``/``<``/``<=`` bounds only) with its range
+    stretched to cover ``joined`` (``pkg>=A,<B``); None when it has other clauses (``!=``,
+    ``==``, ``~=``: a union of those is no PEP 440 specifier)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    old, add = Requirement(requirement), Requirement(joined)
+    if old.marker is not None or old.extras or any(
+            s.operator not in (">=", ">", "<", "<=") for s in old.specifier):
+        return None
+    lows = [s for s in old.specifier if s.operator in (">=", ">")]
+    highs = [s for s in old.specifier if s.operator in ("<", "<=")]
+    (add_low,) = [s for s in add.specifier if s.operator == ">="]
+    (add_high,) = [s for s in add.specifier if s.operator == "<"]
+    clauses = []
+    if lows:  # no lower bound stays none
+        low = max(lows, key=lambda s: Version(s.version))
+        clauses.append(str(add_low) if Version(add_low.version) < Version(low.version) or (
+            low.operator == ">" and Version(add_low.version) == Version(low.version)) else str(low))
+    if highs:
+        high = min(highs, key=lambda s: Version(s.version))
+        clauses.append(str(add_high) if Version(add_high.version) > Version(high.version) or (
+            high.operator == "<=" and Version(add_high.version) == Version(high.version))
+            else str(high))
+    return old.name + ",".join(clauses)

@@ -793,12 +793,43 @@ def test_rebase_of_a_moved_module_does_not_widen_requires_to_a_release_it_fails_
     assert report["status"] == "clean"
     assert [f["path"] for f in report["files"]] == ["tpkg/core.py", "tpkg/engine/main.py"]
     assert report["requires_after"] == ["tpkg>=1.5,<1.6"], report["requires_why"]
+    # Narrowed: the deployed file still serves 1.4, so it is not replaced without --out.
+    assert report["requires_why"].startswith("narrowed to the target's series")
+    assert "the old diff still serves tpkg>=1.4,<1.5" in report["requires_why"]
+    assert report["out"] != str(patch_file) and "Requires: tpkg>=1.4,<1.5\n" in \
+        patch_file.read_text()
+    assert "Requires: tpkg>=1.5,<1.6\n" in Path(report["out"]).read_text()
+    assert f"not over {patch_file}" in report["requires_why"]
+    run_cli("rebase", "moved", "--to", str(target), "--base", str(base), "--out",
+            str(patch_file), env=env)
     assert "Requires: tpkg>=1.5,<1.6\n" in patch_file.read_text()
     run_cli("check", "moved", "--against", str(target), env=env)
     # The base release is outside Requires: skipped there, never a failure that Requires admits.
     old = json.loads(run_cli("check", "moved", "--against", str(base), "--json", env=env,
                              check_rc=1).stdout)
     assert old["patches"][0]["status"] == "skip"
+
+
+def test_rebase_to_an_older_release_widens_requires_without_dropping_any(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Made on 1.4.2, good for 1.4 to 1.8 (the author's Requires), rebased to an older 1.2.0
+    where it applies too: the new Requires admits 1.2 and still every release the old one
+    did (a plain join of the two releases' series would drop 1.5 to 1.8)."""
+    base = make_tree(tmp_path / "base")
+    older = make_tree(tmp_path / "older")
+    (older / "tpkg" / "__init__.py").write_text('__version__ = "1.2.0"\n')
+    patch_file = Path(env["IMPORTPATCH_PATH"]) / "wide.diff"
+    patch_file.write_text(
+        "Name: wide\nBase: tpkg==1.4.2\nRequires: tpkg>=1.4,<1.9\n\n"
+        + diffs.make_diff(CORE, CORE.replace("return x + 3\n", "return 3\n"), "tpkg/core.py"))
+    report = json.loads(run_cli("rebase", "wide", "--to", str(older), "--base", str(base),
+                                "--json", env=env).stdout)
+    assert report["status"] == "clean"
+    assert report["requires_after"] == ["tpkg>=1.2,<1.9"], report["requires_why"]
+    assert report["requires_why"].startswith("widened")
+    assert report["out"] == str(patch_file)
+    assert "Requires: tpkg>=1.2,<1.9\n" in patch_file.read_text()
 
 
 def test_save_after_a_rebase_with_a_missing_module_never_drops_its_changes(
