@@ -424,17 +424,17 @@ class WholeDiff:
 
     def __init__(self, patch: Patch, others: list[tuple[Op, str | None, str | None, bytes]]
                  ) -> None:
-        from .bytecache import _part
+        from .bytecache import _hash, _part
 
         self.patch = patch
         self.others = others  # (op, module, file, raw): module None when none of its exists
-        parts = [_part(patch.name.encode())]
+        parts = []  # never the patch's name (see bytecache.op_fingerprint)
         for op, module, file, raw in others:
             assert op.file_patch is not None
             where = f"{module}\0{file}" if module else "\0".join(op.modules) + "\0<missing>"
             parts += [_part(repr(op.file_patch.hunks).encode()),
                       _part(where.encode("utf-8", "surrogateescape")), _part(raw)]
-        self.material = _part(b"".join(parts))
+        self.material = _hash(b"".join(parts))  # 16 bytes: kept per process as the verdict's key
 
     def require(self, fullname: str, origin: str) -> None:
         """Raise PatchError when another file of the diff does not apply (verdict cached)."""
