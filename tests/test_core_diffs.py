@@ -4,6 +4,7 @@ fails with it, "warn" skips with it), the Max-Offset and Unidiff-Zero headers.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -209,3 +210,17 @@ def test_a_diff_of_two_files_lands_whole_or_not_at_all(lab: Lab, on_error: str) 
     lab.target({"toyp/b.py": DRIFTED_B})
     (a, b), _ = lab.json(BOTH, enable="two")
     assert a != [10, 2]
+
+
+def test_check_says_the_files_of_a_diff_that_apply_are_not_patched_when_another_does_not(
+        lab: Lab) -> None:
+    lab.target({**TOY, "toyp/b.py": DRIFTED_B})
+    lab.patch({"two.diff": "Name: two\nOn-Error: warn\n\n" + TWO})
+    proc = lab.run(["-m", "importpatch", "check", "two", "--json"], enable="two")
+    report = json.loads(proc.stdout)
+    (patch,) = report["patches"]
+    a, b = patch["ops"]
+    assert patch["status"] == "fail" and b["status"] == "fail"
+    assert a["status"] == "fail" and a["detail"].startswith("1 hunk(s) apply; but not patched at "
+                                                            "import"), a
+    assert "its change to toyp.b does not apply" in a["detail"]
