@@ -178,9 +178,10 @@ class HunkMismatch(Exception):
             )
         if self.kind == ORDER and self.fit is not None:
             distance = self.line - self.fit
+            side = "before" if distance >= 0 else "after"
             return (
                 f"does not apply after the previous hunk: its old side fits exactly at line "
-                f"{self.fit}, {distance} lines before its stated line {self.line}, but "
+                f"{self.fit}, {abs(distance)} lines {side} its stated line {self.line}, but "
                 f"{self.reason}. Was the code moved upstream, or the previous hunk placed at the "
                 "wrong one of two equal places? Make the diff again against this version"
             )
