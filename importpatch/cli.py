@@ -12,10 +12,11 @@
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
 named one), ``doctor`` found a problem or ``rebase`` left a conflict; 2 a usage error (bad
-option, unknown patch name, missing path) or an internal error. Errors are one line on stderr
-plus a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns
-(``diff`` prints source lines as they are) and is coloured only when stdout is a terminal and
-NO_COLOR is unset.
+option, unknown patch name, missing path) or an internal error; 3 ``rebase`` without its
+optional dependency (merge3, GPL: ``pip install 'importpatch-hook[rebase]'``, the hint names the
+interpreter). Errors are one line on stderr plus a hint line, never a traceback (``--traceback``
+shows it). Human output fits 100 columns (``diff`` prints source lines as they are) and is
+coloured only when stdout is a terminal and NO_COLOR is unset.
 
 ``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
 (docs/cli.md has examples):
@@ -464,6 +465,11 @@ def cmd_rebase(args: argparse.Namespace) -> int:
 
     if args.out and len(args.names) > 1 and not os.path.isdir(args.out):
         raise UsageError("--out FILE with several patches", "give a folder, or one patch")
+    try:
+        rebase.require_merge3()
+    except rebase.MissingDependency as exc:
+        _error(str(exc), f"install the rebase extra: {exc.install}")
+        return 3
     reports = [rebase.rebase(name, args.to, args.base, work=args.work, out=args.out,
                              dry_run=args.dry_run, force=args.force) for name in args.names]
     status = max(r.exit_status for r in reports)
