@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TESTS = ["tests/test_packaging.py", "tests/test_core_*.py"]
 
 
-def run(cmd: list[str], **kwargs: object) -> int:
+def run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, **kwargs).returncode  # type: ignore[call-overload, no-any-return]
+    return subprocess.run(cmd, cwd=cwd, env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
