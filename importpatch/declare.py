@@ -31,13 +31,17 @@ if TYPE_CHECKING:
 
 _MISSING: Any = object()
 
-# Kinds of operation. replace/wrap/add bind Python objects at the definition site; diff,
+# Kinds of operation. replace/wrap/add/subclass bind Python objects at the definition site; diff,
 # transform and field change the module's source / tree before it is compiled. set
 # (importpatch.compat's VLLMPatch) is ``setattr`` at the definition site: replace when the name
 # exists, add when not.
 REPLACE, WRAP, ADD, DIFF, TRANSFORM, FIELD = "replace", "wrap", "add", "diff", "transform", "field"
 SET = "set"
+SUBCLASS = "subclass"  # a factory makes a subclass of the class bound at the definition site
 CODE_KINDS = (DIFF, TRANSFORM, FIELD)
+OBJECT_KINDS = (REPLACE, WRAP, ADD, SUBCLASS)  # what a patch file declares on Python objects
+CHAIN_KINDS = (REPLACE, SUBCLASS, WRAP)  # make one target's installed object, in a chain
+ORDERED_KINDS = (WRAP, SUBCLASS)  # stack by (order, patch name)
 
 
 class DeclarationError(ValueError):
@@ -158,7 +162,9 @@ class Patch:
         definition: the original's decorators are then applied to it (a registry decorator or
         ``@triton.jit`` sees the replacement). ``decorated=True`` replaces the decorated result.
         ``original=True``: the replacement is called with the original first,
-        ``replacement(original, *args, **kwargs)`` (a method's ``self`` comes after it).
+        ``replacement(original, *args, **kwargs)`` (a method's ``self`` comes after it). A class
+        is replaced only by a class (a function in its place breaks ``class Sub(Target)``,
+        ``isinstance`` and class decorators): to build on the original class, use ``subclass``.
         Usable as a decorator, or with the replacement object as second argument.
         """
         return self._op(REPLACE, target, obj, decorated=decorated, original=original)
@@ -173,6 +179,39 @@ class Patch:
         the first is innermost.
         """
         return self._op(WRAP, target, wrapper, decorated=decorated, order=order)
+
+    def subclass(self, target: str, factory: Any = _MISSING, *, order: int = 0) -> Any:
+        """Subclass a class in place: ``factory(Original)`` is called when the module binds the
+        class (after its decorators), and returns a subclass of ``Original``, which is bound
+        under the original name instead. So the rest of the module (``class Sub(Spec)``,
+        registries, ``isinstance``) and every importer see the subclass, and it pickles by
+        reference as the original did: it takes the original's ``__module__``, ``__qualname__``
+        and ``__name__``. Several subclasses of one class stack by ``(order, patch name)``, the
+        first nearest the original; a replace of the class goes beneath them, and
+        ``decorated=True`` wraps above them.
+
+            @patch.subclass("pkg.mod:Spec")
+            def make(Original):
+                class Spec(Original):
+                    def size(self):
+                        return 2 * super().size()
+                return Spec
+        """
+        modules, qual = parse_target(target)
+
+        def register(value: Any) -> Any:
+            if not callable(value) or isinstance(value, type):
+                raise DeclarationError(
+                    f"patch {self.name}: subclass {target} needs a factory function, "
+                    f"factory(Original) -> subclass of Original, not {type(value).__name__}"
+                    + (" (a class: write `def make(Original): class X(Original): ...; return X`)"
+                       if isinstance(value, type) else ""))
+            self.ops.append(Op(self, SUBCLASS, modules, qual, value, decorated=True, order=order))
+            return value
+
+        if factory is _MISSING:
+            return register
+        return register(factory)
 
     def add(self, target: str, obj: Any = _MISSING) -> Any:
         """Add a new attribute to a module or class (it must not exist there already). On a class

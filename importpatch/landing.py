@@ -66,7 +66,7 @@ import enum
 import sys
 
 from . import events
-from .declare import ADD, REPLACE, SET, WRAP
+from .declare import ADD, CHAIN_KINDS, ORDERED_KINDS, REPLACE, SET, SUBCLASS, WRAP
 from .errors import PatchError
 
 TYPE_CHECKING = False
@@ -368,13 +368,16 @@ class ModulePlan:
             fact = facts.get(qual)
             if fact is not None and fact.state == ABSENT:
                 why = f"; {fact.why}" if fact.why else ""
+                if not why and qual == op.qualname and "." in qual and op.kind in CHAIN_KINDS:
+                    hint = inherited_hint(self.module, self.file, qual)
+                    why = f": {hint}" if hint else ""
                 return PatchError(
                     op.patch.name, self.module,
                     f"symbol {qual!r} not found (target {self.module}:{op.qualname}){why}",
                     file=self.file,
                 )
         fact = facts.get(op.qualname)
-        if op.kind in (REPLACE, WRAP) and fact is not None and fact.state == REFUSED:
+        if op.kind in CHAIN_KINDS and fact is not None and fact.state == REFUSED:
             return PatchError(op.patch.name, self.module, fact.why, file=self.file)
         fact = facts.get(f"+{op.qualname}")
         if op.kind == ADD and fact is not None and fact.state == BOUND:
@@ -474,6 +477,10 @@ class ModulePlan:
         for op in ops:
             home = objects.name_home(op.patch)
             if op.kind == REPLACE:
+                if (op.original or not isinstance(op.obj, type)) and self._class_statement(
+                        obj, qual):
+                    raise self.fail(PatchError(
+                        op.patch.name, self.module, not_a_class(qual, op), file=self.file))
                 if op.original:
                     try:
                         new = objects.stand_in(obj, op.obj, self.module, qual)
@@ -489,6 +496,9 @@ class ModulePlan:
                 obj = _same_descriptor(obj, new)
             elif op.kind == WRAP:
                 obj = objects.wrap_object(obj, op.obj, self.module, qual)
+            elif op.kind == SUBCLASS:
+                obj = self._subclass(qual, op, obj)
+                self.named.add(id(obj))
             elif op.kind == ADD:
                 assert op.qualname is not None
                 attr = op.qualname.rpartition(".")[2]
@@ -507,6 +517,37 @@ class ModulePlan:
                 else:
                     obj = op.obj
         return obj
+
+    def _class_statement(self, obj: Any, qual: str) -> bool:
+        """Whether ``obj`` is the class that the class statement of ``qual`` made (not a class
+        that an assignment binds there, ``Factory = dict``): what ``check`` can tell too."""
+        return isinstance(obj, type) and getattr(obj, "__module__", None) == self.module \
+            and getattr(obj, "__qualname__", None) == qual
+
+    def _subclass(self, qual: str, op: Op, original: Any) -> Any:
+        from . import objects
+
+        def fail(what: str) -> PatchError:
+            return self.fail(PatchError(op.patch.name, self.module, f"subclass {qual}: {what}",
+                                        file=self.file))
+
+        if not isinstance(original, type):
+            raise fail(f"{self.module}:{qual} is a {type(original).__name__}, not a class "
+                       "(replace or wrap it)")
+        try:
+            new = op.obj(original)
+        except Exception as exc:
+            raise fail(f"the factory {_name_of(op.obj)} raised "
+                       f"{type(exc).__name__}: {exc}") from exc
+        if not (isinstance(new, type) and issubclass(new, original)):
+            what = (f"the class {new.__module__}.{new.__qualname__}" if isinstance(new, type)
+                    else f"a {type(new).__name__}")
+            raise fail(f"the factory {_name_of(op.obj)} returned {what}, not a subclass of "
+                       f"{self.module}:{qual} (it must return `class X(Original): ...`)")
+        if new is not original:
+            objects.take_names(new, self.module, qual)
+            setattr(new, ORIGINAL_CLASS, original)  # members are patched there, not here
+        return new
 
     # -- after it ran
 
@@ -570,7 +611,7 @@ class ModulePlan:
         for op in self.ops:
             if op.kind == ADD and "." in (op.qualname or ""):
                 assert op.qualname is not None
-                owner_obj = self._resolve(namespace, site_of(op)[0])[1]
+                owner_obj = beneath_subclasses(self._resolve(namespace, site_of(op)[0])[1])
                 attr = op.qualname.rpartition(".")[2]
                 if getattr(owner_obj, "__dict__", {}).get(attr) is not op.obj:
                     raise self.fail(PatchError(
@@ -596,7 +637,8 @@ class ModulePlan:
             assert op.qualname is not None
             owner_qual, _, attr = op.qualname.rpartition(".")
             try:
-                owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+                owner = (beneath_subclasses(resolve(namespace, owner_qual, self)[1]) if owner_qual
+                         else namespace)
                 if op.kind not in (ADD, SET):
                     resolve(namespace, op.qualname, self)
             except PatchError as err:
@@ -621,7 +663,8 @@ class ModulePlan:
                 refusal = _after_earlier(op, earlier)
                 if refusal:
                     raise LateRefusal(refusal)
-                owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+                owner = (beneath_subclasses(resolve(namespace, owner_qual, self)[1]) if owner_qual
+                         else namespace)
                 store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
                 if isinstance(owner, enum.EnumMeta) and attr in owner.__members__:
                     raise LateRefusal(  # the class refuses setattr of a member
@@ -650,7 +693,8 @@ class ModulePlan:
         for qual in sorted({op.qualname or "" for op in ops_ok}, key=lambda q: q.count(".")):
             here = sorted((o for o in ops_ok if o.qualname == qual), key=_op_order)
             owner_qual, _, attr = qual.rpartition(".")
-            owner = resolve(namespace, owner_qual, self)[1] if owner_qual else namespace
+            owner = (beneath_subclasses(resolve(namespace, owner_qual, self)[1]) if owner_qual
+                     else namespace)
             adds = [o for o in here if o.kind in (ADD, SET)]
             for op in adds:
                 _adopt(op, self.module)
@@ -683,17 +727,19 @@ class ModulePlan:
 
 
 def _op_order(op: Op) -> tuple[int, int, str]:
-    # replace first (innermost), then adds, then wraps by (order, patch name): deterministic.
-    rank = {REPLACE: 0, ADD: 1, SET: 1, WRAP: 2}[op.kind]
+    # replace first (innermost), then adds, then subclasses, then wraps by (order, patch name):
+    # deterministic. (A subclass of a wrapt proxy is no class: subclasses go beneath wraps.)
+    rank = {REPLACE: 0, ADD: 1, SET: 1, SUBCLASS: 2, WRAP: 3}[op.kind]
     return (rank, op.order, op.patch.name)
 
 
 def chain(ops: Iterable[Op]) -> list[Op]:
-    """The replace and wrap operations of one target in the order they make the installed
-    object, innermost first: on the undecorated definition a replace, then wraps by (order, patch
-    name); then the original's decorators; then the ``decorated=True`` ones in the same order.
+    """The replace, subclass and wrap operations of one target in the order they make the
+    installed object, innermost first: on the undecorated definition a replace, then wraps by
+    (order, patch name); then the original's decorators; then the ``decorated=True`` ones in the
+    same order, subclasses (always on the decorated class) after a replace and before wraps.
     (The order ``ModulePlan`` applies them in: ``list``, ``check`` and events show this.)"""
-    return sorted((op for op in ops if op.kind in (REPLACE, WRAP)),
+    return sorted((op for op in ops if op.kind in CHAIN_KINDS),
                   key=lambda op: (op.decorated, _op_order(op)))
 
 
@@ -734,9 +780,9 @@ def landed_on(module: str, namespace: dict[str, Any]) -> list[Op]:
 
 def _after_earlier(op: Op, earlier: list[Op]) -> str:
     """Why ``op`` cannot land on top of the operations that landed before it, or ""."""
-    if op.kind not in (REPLACE, WRAP, SET):
+    if op.kind not in (*CHAIN_KINDS, SET):
         return ""
-    before = [e for e in earlier if e.qualname == op.qualname and e.kind in (REPLACE, WRAP, SET)
+    before = [e for e in earlier if e.qualname == op.qualname and e.kind in (*CHAIN_KINDS, SET)
               and e.patch.name != op.patch.name]
     if not before:
         return ""
@@ -746,17 +792,21 @@ def _after_earlier(op: Op, earlier: list[Op]) -> str:
     if op.kind in (REPLACE, SET) and replacing:
         return (_conflict([op, replacing[0]]) + f" ({replacing[0].patch.name!r} was applied "
                 "earlier in this process)")
-    wraps = [e for e in before if e.kind == WRAP]
-    if op.kind in (REPLACE, SET) and wraps:
-        listed = " and ".join(repr(e.patch.name) for e in wraps)
-        return (f"{op.qualname} is already wrapped by {listed} (applied earlier in this "
-                "process); a replace goes beneath the wraps, and applying it now would drop "
-                f"them: {together}")
+    above = [e for e in before if e.kind in ORDERED_KINDS]
+    if op.kind in (REPLACE, SET) and above:
+        listed = " and ".join(repr(e.patch.name) for e in above)
+        kinds = {e.kind for e in above}
+        how = " and ".join(("wrapped" if k == WRAP else "subclassed") for k in sorted(kinds,
+                                                                                   reverse=True))
+        return (f"{op.qualname} is already {how} by {listed} (applied earlier in this "
+                "process); a replace goes beneath the wraps and subclasses, and applying it now "
+                f"would drop them: {together}")
     outer = chain([*before, op])[-1]
     if outer is not op:
-        return (f"the wrap of {op.qualname} goes inside the wrap of {outer.patch.name!r} (by "
-                "decorated, order, then patch name), which was applied earlier in this process; "
-                f"applying it now would put it outside: {together}")
+        return (f"the {op.kind} of {op.qualname} goes inside the {outer.kind} of "
+                f"{outer.patch.name!r} (by decorated, kind, order, then patch name), which was "
+                "applied earlier in this process; applying it now would put it outside: "
+                f"{together}")
     return ""
 
 
@@ -796,8 +846,27 @@ def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any
             )
         if i == len(parts) - 1:
             return owner, store[part]
-        owner = store[part]
+        owner = beneath_subclasses(store[part])
     raise AssertionError(qual)
+
+
+# A class made by ``subclass`` names the class it was made from here (in its own __dict__): a
+# patch of a member (``Spec.size``) is of the original class's member, which the subclasses
+# inherit or override, at import (after the module ran: ``finish``) and late alike.
+ORIGINAL_CLASS = "__importpatch_subclassed__"
+
+
+def beneath_subclasses(obj: Any) -> Any:
+    """The class that ``subclass`` operations (none: ``obj`` itself) made ``obj`` from."""
+    for _ in range(100):
+        try:
+            original = vars(obj).get(ORIGINAL_CLASS)
+        except Exception:  # no __dict__, or not a mapping: nothing subclassed it
+            return obj
+        if original is None:
+            return obj
+        obj = original
+    return obj
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -973,3 +1042,65 @@ def record_skip(patch: str, module: str, why: str) -> None:
     import logging
 
     events.record("failed", patch, module, "skipped (on_error=warn)", why, level=logging.WARNING)
+
+
+# -- Messages ------------------------------------------------------------------------------------
+
+
+def _name_of(obj: Any) -> str:
+    return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
+
+
+def not_a_class(qual: str, op: Op) -> str:
+    """Why a replace of class ``qual`` by something that is not a class is refused (check and
+    import say the same)."""
+    what = ("original=True (a function calling the replacement stands in for the class)"
+            if op.original else f"a {type(op.obj).__name__}, not a class")
+    return (f"replace {qual} with {what}: {qual} is a class, and a non-class in its place breaks "
+            f"`class Sub({qual.rpartition('.')[2]})`, isinstance and class decorators; to build "
+            f"on the original class use patch.subclass({op.target!r}), whose factory is called "
+            "with the original and returns a subclass of it")
+
+
+def inherited_hint(module: str, file: str | None, qual: str) -> str:
+    """``bindings.inherited_advice`` for a member ``Class.attr`` that the class statement of
+    ``module`` does not bind but a base class does, or "". Reads source files found on
+    ``sys.path`` (importlib's PathFinder: nothing is imported). Only on the way to an error."""
+    import importlib.machinery
+
+    from . import bindings
+    from .finder import decode_source
+
+    def load(name: str) -> tuple[ast.Module, bool] | None:
+        path: list[str] | None = None
+        package = False
+        origin = None
+        parts = name.split(".")
+        try:
+            for i in range(len(parts)):
+                spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), path)
+                if spec is None:
+                    return None
+                package = spec.submodule_search_locations is not None
+                path = list(spec.submodule_search_locations or [])
+                origin = spec.origin
+            if not isinstance(origin, str) or not origin.endswith(".py"):
+                return None
+            with open(origin, "rb") as f:
+                return ast.parse(decode_source(f.read())), package
+        except (OSError, SyntaxError, ValueError, ImportError):
+            return None
+
+    if not file or not file.endswith(".py"):
+        return ""
+    try:
+        with open(file, "rb") as f:
+            tree = ast.parse(decode_source(f.read()))
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    package = module if file.endswith("__init__.py") else module.rpartition(".")[0]
+    try:
+        where = bindings.inherited_from(tree, module, package, qual, load)
+    except Exception:  # a hint only: never in the way of the error it adds to
+        return ""
+    return bindings.inherited_advice(module, qual, where) if where else ""

@@ -5,8 +5,8 @@ process where the ``.pth`` did not run (``python -S``) or ran before the toggles
 Ray executor sets worker variables by RPC after the worker started).
 
 What is done, exactly:
-- replace / wrap / add are applied in place, in the target module, all of a patch or none of it
-  (``landing.ModulePlan.apply_in_place``). A replacement or wrap of a decorated target
+- replace / wrap / add / subclass are applied in place, in the target module, all of a patch or
+  none of it (``landing.ModulePlan.apply_in_place``). A replacement or wrap of a decorated target
   (``decorated=False``, the default) gets the original decorators again where they can be rebuilt
   without side effects (``property`` and its setter chain, ``staticmethod``, ``classmethod``,
   ``functools.cached_property``, ``lru_cache``/``cache``), so the result is what import would have
@@ -17,9 +17,10 @@ What is done, exactly:
   ``from m import *`` (and re-exports of it), ``g = m.f``, ``g = f`` of such a copy, a class body's
   ``alias = f`` — and it still holds the original object. Nothing else is touched: not a global
   that merely holds an equal or identical object (``False``, ``0``, an interned string), not
-  builtins, the standard library, importpatch, or a module that declared patches (a patch file's
-  ``_orig = m.f`` keeps the original it saved). Each re-binding is an event (``rebind``) naming the
-  module and name; the summary line gives the count.
+  builtins, the standard library, importpatch, or a module that declared patches, by module object
+  under every name it has (a patch file's ``_orig = m.f`` keeps the original it saved; a script
+  is ``__main__`` and, once ``multiprocessing`` is imported, ``__mp_main__`` too). Each re-binding
+  is an event (``rebind``) naming the module and name; the summary line gives the count.
 - Values copied in other ways (into a dict or list, a default argument, ``functools.partial``, a
   registry, ``getattr``) keep the original: only patching at import reaches them.
 - What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
@@ -214,20 +215,24 @@ def source_tree(module: ModuleType) -> ast.Module | None:
 # -- Copies ---------------------------------------------------------------------------------------
 
 
-def _protected() -> set[str]:
-    """Modules that declared patches: their names are never re-bound."""
+def _protected() -> set[int]:
+    """Modules that declared patches, by object (ids): never re-bound under any of their names.
+    One module may have several: ``__main__`` is also ``sys.modules["__mp_main__"]`` once
+    ``multiprocessing`` is imported (torch and vLLM import it), and a patch records only the
+    name its module had when it was made."""
     from . import catalog, declare
 
     patches = [*declare.iter_registry(), *catalog._ep_patches.values()]
     for loaded in list(catalog._loaded_files.values()):
         patches.extend(loaded)
-    return {p.defined_in for p in patches if p.defined_in}
+    names = {p.defined_in for p in patches if p.defined_in}
+    return {id(m) for n in names if (m := sys.modules.get(n)) is not None}
 
 
-def _skipped(name: str, protected: set[str]) -> bool:
+def _skipped(name: str, module: Any, protected: set[int]) -> bool:
     top = name.partition(".")[0]
     return (
-        top == "importpatch" or name in protected or top in sys.stdlib_module_names
+        top == "importpatch" or id(module) in protected or top in sys.stdlib_module_names
         or name in sys.builtin_module_names
     )
 
@@ -270,7 +275,7 @@ def rebind_copies(
     candidates: dict[str, Any] = {}
     target_module = sys.modules.get(target)
     for name, module in list(sys.modules.items()):
-        if module is None or _skipped(name, protected):
+        if module is None or _skipped(name, module, protected):
             continue
         try:
             if _holds(module, original, target_module):

@@ -10,6 +10,8 @@ qualified name**, and the receiving process resolves its own, patched, object:
 - wraps are ``importpatch.wrappers.TargetWrapper`` objects (wrapt's ``FunctionWrapper`` with
   ``__reduce_ex__``, whose plain proxy refuses to pickle), bound wrappers alike; a wrapper bound
   to an instance pickles as ``getattr(instance, name)``, as a bound method does;
+- a subclass made by ``subclass`` takes the names of the class it stands in for, in every
+  patch (``take_names``): its factory makes it again wherever the patch is on;
 - a function or class that a discovered patch (a file of an ``IMPORTPATCH_PATH`` folder, a
   built-in or an installed patch package) defines and installs at a target (``replace``,
   ``add``) takes the target's ``__module__``, ``__qualname__`` and ``__name__``, its methods and
@@ -179,6 +181,14 @@ def _rename(obj: Any, module: str, qualname: str, name: str, home: str) -> None:
                 adopt_names(member, module, f"{qualname}.{attr}", home)
             elif getattr(inner, "__qualname__", None) == f"{old}.{attr}":
                 _rename(inner, module, f"{qualname}.{attr}", attr, home)
+
+
+def take_names(cls: type, module: str, qualname: str) -> None:
+    """Give a subclass made by ``Patch.subclass`` (wherever its factory defined it, in any
+    patch) the names of the class it stands in for, its methods and nested classes the matching
+    ones: it is made afresh at the target in every process where the patch is on, so pickling by
+    reference to the target finds it there."""
+    _rename(cls, module, qualname, qualname.rpartition(".")[2], cls.__module__)
 
 
 def name_home(patch: Any) -> str | None:

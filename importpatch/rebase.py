@@ -48,9 +48,10 @@ class MissingDependency(Exception):
         self.install = install
 
 
-def require_merge3() -> None:
+def require_merge3(command: str = "rebase") -> None:
     """Raise ``MissingDependency`` when ``merge3`` cannot be imported (the ``rebase`` extra is
-    not installed): a found spec is not enough, a broken install fails here too."""
+    not installed) for ``importpatch COMMAND`` (``rebase``, ``from-git``): a found spec is not
+    enough, a broken install fails here too."""
     try:
         import merge3  # noqa: F401
     except ImportError as exc:
@@ -59,7 +60,7 @@ def require_merge3() -> None:
 
         install = f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(MERGE3_EXTRA)}"
         raise MissingDependency(
-            "'importpatch rebase' needs merge3 for its 3-way merge, and it cannot be imported "
+            f"'importpatch {command}' needs merge3 for its 3-way merge, and it cannot be imported "
             f"here ({exc}); merge3 is GPL-2.0-or-later, so it is an extra, not in the base "
             "install", install) from None
 
@@ -354,15 +355,14 @@ def _block(out: list[str], marker: str, lines: Sequence[str], eol: str) -> None:
 _opened: dict[str, check.Source] = {}  # one reading of each wheel per process (several patches)
 
 
-def open_release(where: str) -> check.Source:
-    """``installed``, a ``NAME==VERSION`` release (the wheel, downloaded and cached), or a path."""
+def open_release(where: str, option: str = "--to") -> check.Source:
+    """``installed``, a ``NAME==VERSION`` release (the installed files when that release is the
+    one installed here, else the wheel, downloaded and cached), or a path."""
     if where not in _opened:
         if where == "installed":
             _opened[where] = check.InstalledSource()
-        elif releases.parse_spec(where) is not None and not os.path.exists(where):
-            _opened[where] = check.open_source(releases.fetch(where))
         else:
-            _opened[where] = check.open_source(where)
+            _opened[where] = check.open_source(where, option=option)
     return _opened[where]
 
 
@@ -436,7 +436,7 @@ def rebase(
         raise check.UsageError(
             f"patch {name} has no 'Base:' header: the release its diff was made against is "
             "unknown", "pass --base WHEEL|SDIST|DIR|NAME==VERSION (that release)")
-    base_source = open_release(base or str(patch.base))
+    base_source = open_release(base or str(patch.base), "--base")
     target = open_release(to)
     top = ops[0].modules[0].partition(".")[0]
     base_label = patch.base if base is None and patch.base else release_label(base_source, top)

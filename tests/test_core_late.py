@@ -479,3 +479,58 @@ def test_enable_inside_the_targets_own_import_says_so_and_a_later_activation_app
     assert len(failures) == 1
     assert "half.m was still being imported when patching started" in failures[0]
     assert "not found" not in failures[0]
+
+
+# -- The module that saved an original, under every name it has (issue 18, item B) -------------
+
+MAIN_SAVES_THE_ORIGINAL = {
+    "api": '''
+        import multiprocessing  # __main__ is now also sys.modules["__mp_main__"]
+        import json, sys
+        import lpk.m as m
+        import importpatch
+        from importpatch import Patch
+
+        orig = m.f
+        p = Patch("p2")
+
+        @p.replace("lpk.m:f")
+        def f():
+            return "patched(" + orig() + ")"
+
+        importpatch.enable("p2")
+        ''',
+    "compat": '''
+        import multiprocessing  # __main__ is now also sys.modules["__mp_main__"]
+        import json, sys
+        import lpk.m as m
+        from importpatch.compat import VLLMPatch
+
+        orig = m.f
+
+        def patched():
+            return "patched(" + orig() + ")"
+
+        class FPatch(VLLMPatch["lpk.m"]):
+            f = patched
+
+        FPatch.apply()
+        ''',
+}
+
+
+@pytest.mark.parametrize("api", sorted(MAIN_SAVES_THE_ORIGINAL))
+def test_a_main_script_keeps_the_original_it_saved_once_multiprocessing_is_imported(
+    lab: Lab, api: str
+) -> None:
+    # The exemption of a module that declared patches went by the name it had ("__main__"), and
+    # late activation re-bound its `orig` through the other name, "__mp_main__": the
+    # replacement then called itself (RecursionError).
+    script = lab.root / "main.py"
+    script.write_text(textwrap.dedent(MAIN_SAVES_THE_ORIGINAL[api]) + textwrap.dedent('''
+        print(json.dumps([sys.modules["__mp_main__"] is sys.modules["__main__"], m.f(),
+                          orig is m.f]))
+        '''), encoding="utf-8")
+    proc = lab.run([script], enable=None, env=NO_VARS)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, "patched(orig)", False]

@@ -278,3 +278,13 @@ def test_rebase_without_merge3_prints_the_install_command(wheel_venv: Venv, tmp_
         assert "GPL-2.0-or-later" in error and "No module named 'merge3'" in error, error
         assert hint == (f"hint: install the rebase extra: {wheel_venv.python} -m pip install "
                         "'importpatch-hook[rebase]'"), hint
+    # from-git carries commits with the same merge: the same refusal, before the repository is
+    # read; with --to none (the patches as made, no merge) it does not need merge3
+    argv = ["from-git", str(tmp_path / "no-repo"), "HEAD", "--name", "x"]
+    proc = wheel_venv.run([wheel_venv.script("importpatch"), *argv], env=env)
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    error, hint = proc.stderr.splitlines()
+    assert error.startswith("importpatch: error: 'importpatch from-git' needs merge3 "), error
+    assert hint.endswith(f"{wheel_venv.python} -m pip install 'importpatch-hook[rebase]'"), hint
+    proc = wheel_venv.run([wheel_venv.script("importpatch"), *argv, "--to", "none"], env=env)
+    assert proc.returncode == 2 and "merge3" not in proc.stderr, (proc.returncode, proc.stderr)

@@ -1,0 +1,285 @@
+"""``importpatch from-git REPO REVS``: commits of a real git repository (made here, with real
+``git``) turned into ordered diff patches and carried to a toy distribution's release with the
+3-way merge of ``importpatch rebase``; the carried patches then patch that distribution in a
+spawned interpreter with the installed hook. With ``IMPORTPATCH_VLLM_MIRROR`` naming a vLLM git
+history, a run of its commits is carried too (scripts/fork_corpus.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, Venv, clean_env
+
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+CORE = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(40))
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True, env={**os.environ, **GIT_ENV}).stdout
+
+
+def commit(repo: Path, message: str, edits: dict[str, tuple[str, str] | str]) -> None:
+    """Edit files (path -> (old, new) replaced once, or the whole new text) and commit."""
+    for rel, change in edits.items():
+        path = repo / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(change, tuple):
+            text = path.read_text()
+            assert change[0] in text, (rel, change)
+            path.write_text(text.replace(change[0], change[1], 1))
+        else:
+            path.write_text(change)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+
+
+@pytest.fixture
+def fork(tmp_path: Path) -> Path:
+    """A repository: release v1.4.0 of tpkg, then a fork's commits of every kind."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, "release 1.4.0", {"tpkg/__init__.py": '__version__ = "1.4.0"\n',
+                                   "tpkg/core.py": CORE, "tpkg/sub/__init__.py": "",
+                                   "tpkg/sub/engine.py": "def step():\n    return 1\n",
+                                   "setup.py": "setup()\n", "tests/test_core.py": "x = 1\n"})
+    git(repo, "tag", "v1.4.0")
+    commit(repo, "Fork: three", {"tpkg/core.py": ("x + 3\n", "x + 3  # fork\n"),
+                                 "csrc/kernel.cu": "// a kernel\n",
+                                 "tests/test_core.py": ("x = 1", "x = 2")})
+    commit(repo, "Fork: thirty and the engine",
+           {"tpkg/core.py": ("x + 30\n", "x + 300\n"),
+            "tpkg/sub/engine.py": ("return 1", "return 2"), "setup.py": ("()", "(name='t')")})
+    commit(repo, "Fork: ten", {"tpkg/core.py": ("x + 10\n", "x - 10\n")})
+    commit(repo, "Fix twenty (merged upstream since)",
+           {"tpkg/core.py": ("x + 20\n", "x + 20 + 0\n"), "tpkg/new.py": "y = 1\n"})
+    commit(repo, "Fork: three again", {"tpkg/core.py": ("x + 3  # fork\n", "x + 33\n")})
+    return repo
+
+
+def release_tree(root: Path, version: str, core: str) -> Path:
+    """A toy distribution tpkg ``version`` laid out as installed (dist-info included)."""
+    (root / "tpkg" / "sub").mkdir(parents=True)
+    (root / "tpkg" / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    (root / "tpkg" / "core.py").write_text(core)
+    (root / "tpkg" / "sub" / "__init__.py").write_text("")
+    (root / "tpkg" / "sub" / "engine.py").write_text("def step():\n    return 1\n")
+    info = root / f"tpkg-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tpkg\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("tpkg\n")
+    (info / "RECORD").write_text("")
+    return root
+
+
+def upstream_core() -> str:
+    """Release 1.5.0's core.py: lines added at the top, f10 changed, the f20 fix merged."""
+    return "# 1.5.0\n" + CORE.replace("x + 10\n", "x + 10 + 0\n").replace(
+        "x + 20\n", "x + 20 + 0\n")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "patches").mkdir()
+    return clean_env({"IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"),
+                      "XDG_DATA_HOME": str(tmp_path / "data"),
+                      "IMPORTPATCH_PATH": str(tmp_path / "patches"), "NO_COLOR": "1"})
+
+
+def run_cli(*args: str, env: dict[str, str], rc: int = 0,
+            python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([python, "-m", "importpatch", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    return proc
+
+
+def statuses(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(p["name"], p["status"]) for p in report["patches"]]
+
+
+def test_a_fork_becomes_ordered_patches_carried_to_the_next_release(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    target = release_tree(tmp_path / "t150", "1.5.0", upstream_core())
+    out = run_cli("from-git", str(fork), "v1.4.0..HEAD", "--to", str(target), "--name", "fork",
+                  "--json", env=env, rc=1)  # one conflict: exit status 1
+    report = json.loads(out.stdout)
+    assert report["package"] == "tpkg" and report["base"] == "tpkg==1.4.0"
+    assert report["target"] == "tpkg==1.5.0"
+    assert statuses(report) == [("fork-0001-fork-three", "carried"),
+                                ("fork-0002-fork-thirty-and-the-engine", "carried"),
+                                ("fork-0003-fork-ten", "conflict"),
+                                ("fork-0004-fix-twenty-merged-upstream-since", "upstream"),
+                                ("fork-0005-fork-three-again", "carried")]
+    p1, p2, p3, p4, p5 = report["patches"]
+    assert p1["not_carried"] == {"csrc/kernel.cu": "not a Python file",
+                                 "tests/test_core.py": "outside the package tpkg/"}
+    assert p2["not_carried"] == {"setup.py": "outside the package tpkg/"}
+    assert p4["not_carried"] == {
+        "tpkg/new.py": "a new file (a diff patch changes existing modules)"}
+    assert [h["status"] for f in p2["files"] for h in f["hunks"]] == ["applied", "applied"]
+    assert p3["hunks"]["conflict"] == 1 and p4["hunks"]["upstream"] == 1
+    assert p4["out"] is None  # nothing left to carry: no file
+
+    patches = Path(env["IMPORTPATCH_PATH"])
+    assert sorted(os.listdir(patches)) == [f"{p['name']}.diff" for p in (p1, p2, p3, p5)]
+    head = (patches / f"{p1['name']}.diff").read_text().split("diff --git", 1)[0]
+    assert head.startswith("Name: fork-0001-fork-three\nBase: tpkg==1.5.0\n"
+                           "Requires: tpkg>=1.5,<1.6\nDefault: off\nSummary: Fork: three\n")
+    # The conflict keeps its as-made diff (Base: the release it sits on, inert on 1.5) ...
+    made = (patches / f"{p3['name']}.diff").read_text()
+    assert "Base: tpkg==1.4.0\nRequires: tpkg>=1.4,<1.5\n" in made
+    # ... and leaves git's markers in rebase's work folder, naming both sides and the base.
+    merged = Path(p3["files"][0]["work_file"]).read_text()
+    assert ("<<<<<<< tpkg==1.5.0\n    return x + 10 + 0\n||||||| " in merged
+            and "=======\n    return x - 10\n>>>>>>> fork-0003-fork-ten (your change)\n" in merged)
+
+    # The carried patches, in name order, are a chain real git applies to the release
+    # (a checkout of 1.5.0): f3 ends as the last commit left it, the conflict left out.
+    checkout = tmp_path / "checkout"
+    (checkout / "tpkg" / "sub").mkdir(parents=True)
+    (checkout / "tpkg" / "core.py").write_text(upstream_core())
+    (checkout / "tpkg" / "sub" / "engine.py").write_text("def step():\n    return 1\n")
+    git(checkout, "init", "-q")
+    for p in (p1, p2, p5):
+        git(checkout, "apply", str(patches / f"{p['name']}.diff"))
+    core = (checkout / "tpkg" / "core.py").read_text()
+    assert "x + 33\n" in core and "x + 300\n" in core and "x + 10 + 0\n" in core
+    assert core.count("x + 20 + 0\n") == 1  # the upstream fix is not made twice
+    assert (checkout / "tpkg" / "sub" / "engine.py").read_text().endswith("return 2\n")
+
+    # Resolving the conflict and saving writes the carried diff over the as-made one.
+    Path(p3["files"][0]["work_file"]).write_text(
+        (target / "tpkg" / "core.py").read_text().replace("x + 10 + 0\n", "x - 10 + 0\n"))
+    run_cli("save", p3["name"], env=env)
+    saved = (patches / f"{p3['name']}.diff").read_text()
+    assert "Base: tpkg==1.5.0\n" in saved and "+    return x - 10 + 0\n" in saved
+
+
+def test_carried_patches_patch_the_installed_release_in_a_spawned_process(
+    fork: Path, tmp_path: Path, env: dict[str, str], wheel_venv: Venv
+) -> None:
+    site = release_tree(tmp_path / "site", "1.5.0", upstream_core())
+    env = {**env, "PYTHONPATH": str(site)}
+    py = str(wheel_venv.python)
+    report = json.loads(run_cli("from-git", str(fork), "v1.4.0..HEAD~1", "--name", "fork",
+                                "--json", env=env, rc=1, python=py).stdout)
+    assert report["target"] == "tpkg==1.5.0"  # the installed release (default --to)
+    names = [p["name"] for p in report["patches"] if p["status"] == "carried"]
+    assert len(names) == 2
+    code = ("import multiprocessing as mp, tpkg.core as c, tpkg.sub.engine as e\n"
+            "def child(q): import tpkg.core as c; q.put(c.f30(0))\n"
+            "if __name__ == '__main__':\n"
+            "    ctx = mp.get_context('spawn'); q = ctx.Queue(); p = ctx.Process(target=child,"
+            " args=(q,)); p.start(); print(c.f3(0), c.f30(0), e.step(), q.get()); p.join()\n")
+    script = tmp_path / "run.py"
+    script.write_text(code)
+    plain = subprocess.run([py, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert plain.stdout.split() == ["3", "30", "1", "30"], plain.stderr
+    on = subprocess.run([py, str(script)], capture_output=True, text=True, timeout=120,
+                        env={**env, "IMPORTPATCH_ENABLE": ",".join(names)})
+    assert on.stdout.split() == ["3", "300", "2", "300"], on.stderr  # spawned child too
+
+
+def test_squash_commits_and_no_carry(fork: Path, tmp_path: Path, env: dict[str, str]) -> None:
+    out = tmp_path / "one.diff"
+    report = json.loads(run_cli("from-git", str(fork), "v1.4.0..HEAD", "--squash", "--to",
+                                "none", "--name", "all", "--out", str(out), "--json",
+                                env=env).stdout)
+    assert statuses(report) == [("all", "made")]
+    text = out.read_text()
+    assert text.startswith("Name: all\nBase: tpkg==1.4.0\nRequires: tpkg>=1.4,<1.5\n")
+    # The squashed diff, made against the tag, is what git applies to a checkout of the tag.
+    checkout = tmp_path / "checkout"
+    git(fork, "worktree", "add", "-q", str(checkout), "v1.4.0")
+    git(checkout, "apply", str(out))
+    assert (checkout / "tpkg" / "core.py").read_text() == (fork / "tpkg" / "core.py").read_text()
+    # Commits named one by one (not a range), written as made.
+    second = git(fork, "rev-parse", "HEAD~3").strip()
+    report = json.loads(run_cli("from-git", str(fork), "HEAD~4", second, "--to", "none",
+                                "--json", env=env).stdout)
+    assert [p["name"] for p in report["patches"]] == ["repo-0001-fork-three",
+                                                      "repo-0002-fork-thirty-and-the-engine"]
+    assert {p["status"] for p in report["patches"]} == {"made"}
+
+
+@pytest.mark.parametrize("case", ["not-a-repo", "unknown-rev", "dirty", "no-python", "empty",
+                                  "no-package"])
+def test_bad_input_is_one_line_and_changes_nothing(
+    case: str, fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    target = release_tree(tmp_path / "t150", "1.5.0", upstream_core())
+    repo, revs = str(fork), ["v1.4.0..HEAD"]
+    if case == "not-a-repo":
+        repo = str(tmp_path / "t150")
+    elif case == "unknown-rev":
+        revs = ["v1.4.0..no-such-branch"]
+    elif case == "dirty":
+        (fork / "tpkg" / "core.py").write_text("dirty\n")
+    elif case == "no-python":
+        commit(fork, "docs only", {"README.md": "hi\n", "csrc/kernel.cu": ("kernel", "kernels")})
+        revs = ["HEAD~1..HEAD"]
+    elif case == "empty":
+        revs = ["HEAD..HEAD"]
+    else:
+        revs = ["v1.4.0..HEAD", "--package", "nosuch"]
+    before = git(fork, "status", "--porcelain") if case != "not-a-repo" else ""
+    proc = run_cli("from-git", repo, *revs, "--to", str(target), env=env, rc=2)
+    error = [line for line in proc.stderr.splitlines() if line.startswith("importpatch: error")]
+    assert len(error) == 1 and proc.stdout == "", proc.stderr
+    expected = {"not-a-repo": "is not a git repository", "unknown-rev": "'no-such-branch'",
+                "dirty": "has uncommitted changes (tpkg/core.py)",
+                "no-python": "no Python file changes in HEAD~1..HEAD (1 commits; "
+                             "changed: README.md, csrc/kernel.cu)",
+                "empty": "the range HEAD..HEAD has no commits",
+                "no-package": "no Python file under nosuch/ changes"}[case]
+    assert expected in error[0]
+    assert os.listdir(env["IMPORTPATCH_PATH"]) == []
+    assert not Path(env["XDG_DATA_HOME"]).exists()
+    if case != "not-a-repo":
+        assert git(fork, "status", "--porcelain") == before
+
+
+def test_fork_corpus_script_on_a_synthetic_history(tmp_path: Path) -> None:
+    """scripts/fork_corpus.py's tallies against git cherry-pick, on a generated history (the
+    same script runs on vLLM's history with IMPORTPATCH_VLLM_MIRROR)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fork_corpus.py"),
+                           "--synthetic", "--json"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **GIT_ENV})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    ours, cherry = data["importpatch"], data["cherry_pick"]
+    assert data["commits"] >= 20
+    assert sum(ours.values()) == data["commits"]
+    assert ours["upstream"] >= 1 and ours["conflict"] >= 1 and ours["nothing"] >= 1
+    # On this history git and from-git agree on every commit (no Python: git picks it clean).
+    assert (ours["clean"] + ours["nothing"], ours["upstream"], ours["conflict"]) == (
+        cherry["clean"], cherry["upstream"], cherry["conflict"])
+    # Never clean where git conflicts on the same commit.
+    assert data["clean_where_git_conflicts"] == 0
+
+
+@pytest.mark.skipif(not os.environ.get("IMPORTPATCH_VLLM_MIRROR"),
+                    reason="IMPORTPATCH_VLLM_MIRROR (a vLLM git history) is not set")
+def test_fork_corpus_on_vllm_history() -> None:
+    mirror = os.environ["IMPORTPATCH_VLLM_MIRROR"]
+    has = subprocess.run(["git", "-C", mirror, "rev-parse", "--verify", "-q", "v0.16.0"],
+                         capture_output=True)
+    if has.returncode != 0:
+        pytest.skip(f"{mirror} has no v0.16.0 (fetch github:jinhuang12/vllm has vLLM's branch)")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fork_corpus.py"), "--json"],
+                          capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, **GIT_ENV})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["commits"] >= 20 and data["clean_where_git_conflicts"] == 0
