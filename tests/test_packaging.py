@@ -288,3 +288,16 @@ def test_rebase_without_merge3_prints_the_install_command(wheel_venv: Venv, tmp_
     assert hint.endswith(f"{wheel_venv.python} -m pip install 'importpatch-hook[rebase]'"), hint
     proc = wheel_venv.run([wheel_venv.script("importpatch"), *argv, "--to", "none"], env=env)
     assert proc.returncode == 2 and "is not a folder" in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_rebase_extra_installs_merge3(rebase_venv: Venv, tmp_path: Path) -> None:
+    """``pip install 'importpatch-hook[rebase]'`` brings merge3, and ``rebase`` goes past the
+    check to its own work (here: an unknown patch name, exit 2)."""
+    proc = rebase_venv.run("import importlib.metadata as m; print(m.version('merge3'))")
+    assert proc.returncode == 0, proc.stderr
+    env = {"IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"), "IMPORTPATCH_PATH": str(tmp_path)}
+    proc = rebase_venv.run([rebase_venv.script("importpatch"), "rebase", "no-such-patch", "--to",
+                            "installed"], env=env)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    error = "importpatch: error: unknown patch name: no-such-patch"
+    assert proc.stderr.startswith(error), proc.stderr
