@@ -17,7 +17,9 @@ diff3-style markers, into the work folder in ``importpatch edit``'s layout (``or
 release's files), so that after resolving them by hand ``importpatch save NAME`` writes the diff.
 
 ``merge3`` is imported here only, and this module only by the command line: nothing of it is on
-the start-up or import-hook path.
+the start-up or import-hook path. It is GPL-2.0-or-later, so it is not in the base install but in
+the ``rebase`` extra: without it ``rebase`` refuses before reading anything (``require_merge3``;
+the command exits 3 with the install command).
 """
 
 from __future__ import annotations
@@ -32,6 +34,35 @@ from . import authoring, check, declare, diffs, releases
 
 APPLIED, MERGED, UPSTREAM, CONFLICT = "applied", "merged", "upstream", "conflict"
 CLEAN = "clean"
+
+
+# What installs the 3-way merge: the extra, so that the version range stays the project's.
+MERGE3_EXTRA = "importpatch-hook[rebase]"
+
+
+class MissingDependency(Exception):
+    """A command needs an optional dependency that is not installed; ``install`` installs it."""
+
+    def __init__(self, message: str, install: str) -> None:
+        super().__init__(message)
+        self.install = install
+
+
+def require_merge3(command: str = "rebase") -> None:
+    """Raise ``MissingDependency`` when ``merge3`` cannot be imported (the ``rebase`` extra is
+    not installed) for ``importpatch COMMAND`` (``rebase``, ``from-git``): a found spec is not
+    enough, a broken install fails here too."""
+    try:
+        import merge3  # noqa: F401
+    except ImportError as exc:
+        import shlex
+        import sys
+
+        install = f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(MERGE3_EXTRA)}"
+        raise MissingDependency(
+            f"'importpatch {command}' needs merge3 for its 3-way merge, and it cannot be imported "
+            f"here ({exc}); merge3 is GPL-2.0-or-later, so it is an extra, not in the base "
+            "install", install) from None
 
 
 class NotApplicable(Exception):
@@ -455,6 +486,7 @@ def rebase(
     dry_run: bool = False,
     force: bool = False,
 ) -> Report:
+    require_merge3()
     patch = authoring.find_patch(name)
     if patch is None:
         raise check.UsageError(f"unknown patch name: {name}", "see 'importpatch list'")
