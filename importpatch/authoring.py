@@ -63,6 +63,35 @@ def write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_utf8(path: str) -> str:
+    """``read_text``, or a UsageError naming the file, the line and the byte that is not UTF-8
+    (a diff is UTF-8 text: an editor that saved latin-1 makes a file no diff can hold)."""
+    try:
+        return read_text(path)
+    except UnicodeDecodeError as exc:
+        with open(path, "rb") as f:
+            raw = f.read()
+        line = raw[:exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise check.UsageError(
+            f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}, column "
+            f"{column} is not ({exc.reason})",
+            "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), then save again",
+        ) from None
+
+
+def write_or_explain(path: str, text: str) -> None:
+    """``write_text``, or a UsageError naming the file and why it cannot be written there."""
+    try:
+        write_text(path, text)
+    except OSError as exc:
+        folder = os.path.dirname(os.path.abspath(path))
+        raise check.UsageError(
+            f"cannot write {path}: {exc.strerror or exc} (in folder {folder})",
+            "pass --out FILE or FOLDER somewhere you can write",
+        ) from None
+
+
 # -- Releases: which distribution and version a file came from ----------------------------------
 
 
@@ -446,7 +475,7 @@ def make_patch_text(session: Session, header: str) -> tuple[str, list[str], list
     unchanged: list[str] = []
     for rel in sorted(session.files):
         try:
-            old, new = read_text(session.path(ORIG, rel)), read_text(session.path(EDIT, rel))
+            old, new = read_utf8(session.path(ORIG, rel)), read_utf8(session.path(EDIT, rel))
         except OSError as exc:
             raise check.UsageError(f"work folder {session.folder}: {exc}",
                                    f"'importpatch edit --name {session.name}' copies it again",
@@ -491,7 +520,7 @@ def save(
         raise check.UsageError(f"nothing to save: no file of {folder}/{EDIT} differs from its "
                                "original", "edit the files first")
     target = output_path(name, out, session.patch_file)
-    write_text(target, text)
+    write_or_explain(target, text)
     session.patch_file = target  # saving again writes the same file
     session.saved = {rel: _digest(read_text(session.path(EDIT, rel))) for rel in session.files}
     session.write()

@@ -318,11 +318,13 @@ _producers: bytes | None = None
 
 def key(
     module: str, source: bytes, ops: Iterable[Op], qualnames: list[str], root: str | None,
-    origin: str | None = None, fact_quals: Iterable[str] = (),
+    origin: str | None = None, fact_quals: Iterable[str] = (), siblings: bytes = b"",
 ) -> bytes:
     """The cache key of ``module`` built from ``source`` with ``ops``; b"" for uncacheable.
     ``qualnames`` decide the landings compiled in; ``fact_quals`` the facts stored beside the code
-    (an add on ``C`` and a set of ``C.kind`` land on the same name but need different facts)."""
+    (an add on ``C`` and a set of ``C.kind`` land on the same name but need different facts).
+    ``siblings``: what decides that a multi-file diff applies to its other files (their sources
+    and hunks, ``finder.whole_diffs``): an entry is stored only once they were found to apply."""
     from importlib.util import MAGIC_NUMBER
 
     from . import __version__
@@ -340,6 +342,7 @@ def key(
         _imp.source_hash(_SIPHASH_KEYS[0], source),  # 64 bits, as CPython's checked .pyc files
         "\0".join(sorted(qualnames)).encode(),
         "\0".join(sorted(fact_quals)).encode(),
+        siblings,
     ]
     for op in code_ops:
         fp = op_fingerprint(op)

@@ -964,7 +964,10 @@ def _check_entry(
         result.problems.append(f"the declaration does not load: {entry.error}")
         result.status = FAIL
         return result, []
-    loaded = declared(entry, checker.version_of)
+    src = checker.source
+    loaded = declared(entry, checker.version_of, None if src.kind == "installed" else (
+        f"{src.kind} {os.path.basename(src.path or '')}" if src.kind in ("wheel", "sdist")
+        else f"{src.kind} {src.path}"))
     if loaded.patch is None:
         result.problems.append(f"the declaration does not load: {loaded.error}")
         result.status = FAIL
@@ -979,6 +982,7 @@ def _check_entry(
         if note:
             res.status = WARN if res.status == OK else res.status
             res.detail = f"{res.detail}; {note}" if res.detail else note
+    _whole_diff(pairs)
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
     result.base = patch.base
@@ -988,6 +992,21 @@ def _check_entry(
         result.suggestion = (f"importpatch rebase {entry.name} --to {where} (3-way merge from "
                              f"its base, {patch.base})")
     return result, pairs
+
+
+def _whole_diff(pairs: list[tuple[declare.Op, OpResult]]) -> None:
+    """A diff lands whole or not at all (finder.WholeDiff): when a file of it does not apply
+    (or its module is not there), the files that do are not patched at import either."""
+    diff_results = [r for op, r in pairs if op.kind == DIFF]
+    bad = [r for r in diff_results if r.status in (FAIL, ALREADY_APPLIED)]
+    if not bad:
+        return
+    which = bad[0].module or bad[0].target
+    for r in diff_results:
+        if r.status == OK:
+            r.status = FAIL
+            r.detail += (f"; but not patched at import: the diff lands whole or not at all, "
+                         f"and its change to {which} does not apply")
 
 
 def _status(result: PatchResult) -> str:

@@ -14,10 +14,12 @@
 
 Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
 named one), ``doctor`` found a problem or ``rebase`` / ``from-git`` left a conflict; 2 a usage
-error (bad option, unknown patch name, missing path, ``capture`` refused) or an internal error.
-Errors are one line on stderr plus a hint line, never a traceback (``--traceback`` shows it).
-Human output fits 100 columns (``diff`` prints source lines as they are) and is coloured only
-when stdout is a terminal and NO_COLOR is unset.
+error (bad option, unknown patch name, missing path, ``capture`` refused) or an internal error;
+3 ``rebase`` / ``from-git`` without their optional dependency (merge3, GPL: ``pip install
+'importpatch-hook[rebase]'``, the hint names the interpreter). Errors are one line on stderr plus
+a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns (``diff``
+prints source lines as they are) and is coloured only when stdout is a terminal and NO_COLOR is
+unset.
 
 ``--json`` (every command) prints one JSON object instead; keys are only ever added. Schemas
 (docs/cli.md has examples):
@@ -472,6 +474,11 @@ def cmd_rebase(args: argparse.Namespace) -> int:
 
     if args.out and len(args.names) > 1 and not os.path.isdir(args.out):
         raise UsageError("--out FILE with several patches", "give a folder, or one patch")
+    try:
+        rebase.require_merge3()
+    except rebase.MissingDependency as exc:
+        _error(str(exc), f"install the rebase extra: {exc.install}")
+        return 3
     reports = [rebase.rebase(name, args.to, args.base, work=args.work, out=args.out,
                              dry_run=args.dry_run, force=args.force) for name in args.names]
     status = max(r.exit_status for r in reports)
@@ -525,8 +532,14 @@ def _rebase_lines(report: Any) -> None:
 
 
 def cmd_from_git(args: argparse.Namespace) -> int:
-    from . import fromgit
+    from . import fromgit, rebase
 
+    if args.to != fromgit.NONE:  # carried: a 3-way merge (--to none writes them as made)
+        try:
+            rebase.require_merge3("from-git")
+        except rebase.MissingDependency as exc:
+            _error(str(exc), f"install the rebase extra: {exc.install}")
+            return 3
     report = fromgit.from_git(
         args.repo, args.revs, to=args.to, package=args.package, name=args.name,
         squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force)

@@ -176,6 +176,15 @@ class HunkMismatch(Exception):
                 f"(Patch.diff(..., max_offset={distance})), or make the diff again against this "
                 "version"
             )
+        if self.kind == ORDER and self.fit is not None:
+            distance = self.line - self.fit
+            side = "before" if distance >= 0 else "after"
+            return (
+                f"does not apply after the previous hunk: its old side fits exactly at line "
+                f"{self.fit}, {abs(distance)} lines {side} its stated line {self.line}, but "
+                f"{self.reason}. Was the code moved upstream, or the previous hunk placed at the "
+                "wrong one of two equal places? Make the diff again against this version"
+            )
         if self.kind == NO_PLACE:
             where = f"after line {self.line - 1}" if self.line > 1 else "at the top"
             return f"cannot be placed: an insertion cannot go {where} ({self.reason})"
@@ -800,8 +809,8 @@ def _explain(
     # NEAREST_FLOOR); a place where all of them are equal is checked for an exact fit.
     telling = [i for i, line in enumerate(old) if _telling(line)] or list(range(length))
     votes = src.votes(old, telling)
-    exact = [q for q, count in votes.items() if count == len(telling) and q >= lo]
-    exact = _nearest_first([q for q in exact if src.fits(hunk, old, q)], max(stated, 0))
+    full = [q for q, count in votes.items() if count == len(telling)]
+    exact = _nearest_first([q for q in full if q >= lo and src.fits(hunk, old, q)], max(stated, 0))
 
     # Where the old side was expected: at the anchor, else at the stated position. A hunk bound
     # to the end of the file whose lines are elsewhere is explained where they are: the file
@@ -862,6 +871,14 @@ def _explain(
         return mismatch(ANCHORED, expected, line, actual, why, fit, nearest, score), -1, 0
     if fit is not None and abs(fit - 1 - stated) > max_offset:
         return mismatch(BEYOND_WINDOW, expected, stated + 1, actual, "", fit, nearest, score), -1, 0
+    if fit is None and old:
+        # Its old side is there, but only before the end of the previous hunk's place: say where.
+        before = _nearest_first([q for q in full if q < lo and src.fits(hunk, old, q)], stated)
+        if before:
+            why = (f"the previous hunk's lines end at line {lo}, and hunks stay in order and "
+                   "never overlap")
+            return mismatch(ORDER, expected, stated + 1, actual, why, before[0] + 1, nearest,
+                            score), -1, 0
     return mismatch(MISMATCH, expected, line, actual, "", None, nearest, score), -1, 0
 
 
@@ -883,6 +900,7 @@ def _reverse_places(src: _Source, patch: FilePatch, max_offset: int) -> list[int
 
 
 BOM = "\ufeff"
+_UNBOUNDED = 1 << 62  # a max_offset no file reaches: place() stops at both ends of the file
 
 
 def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> str:
@@ -935,19 +953,20 @@ def _apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> s
             done = back + length
     if failures:
         count = len(patch.hunks)
-        if any(f.kind == ALREADY_APPLIED for f in failures):
-            # A hunk can fit both ways (its old and new sides both occur): if the whole reversed
-            # diff applies, as git apply -R would do it, every hunk is already there.
-            places = _reverse_places(src, patch, max_offset)
-            if places is not None:
-                failures = [
-                    HunkMismatch(
-                        patch.path, i, h.header, (h.old_lines or [""])[0], pos + 1,
-                        src.keys[pos] if pos < n else None, None, 0.0, "", max_offset,
-                        ALREADY_APPLIED, pos + 1,
-                    )  # fmt: skip
-                    for i, (h, pos) in enumerate(zip(patch.hunks, places, strict=True), 1)
-                ]
+        # A hunk can fit both ways (its old and new sides both occur): if the whole reversed
+        # diff applies, as git apply -R would do it, every hunk is already there. Like git
+        # apply -R, at any distance: a change that is upstream is that, however far its code
+        # moved (beyond the window, a hunk alone is not taken for applied: see _explain).
+        places = _reverse_places(src, patch, _UNBOUNDED)
+        if places is not None:
+            failures = [
+                HunkMismatch(
+                    patch.path, i, h.header, (h.old_lines or [""])[0], pos + 1,
+                    src.keys[pos] if pos < n else None, None, 0.0, "", max_offset,
+                    ALREADY_APPLIED, pos + 1,
+                )  # fmt: skip
+                for i, (h, pos) in enumerate(zip(patch.hunks, places, strict=True), 1)
+            ]
         first, *others = (f.in_file((), count) for f in failures)
         raise first.in_file(tuple(others), count)
 

@@ -81,10 +81,12 @@ class Declared:
         self.entry, self.patch, self.error, self.ok, self.why = entry, patch, error, ok, why
 
 
-def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None) -> Declared:
+def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None,
+             where: str | None = None) -> Declared:
     """Load ``entry``'s declaration (executing its file the first time) and judge its version
-    requirement, with ``version_of`` (default: what is installed). The one implementation the
-    loader, late activation and ``importpatch check`` share; it records nothing."""
+    requirement, with ``version_of`` (default: what is installed; ``where`` names what it reads
+    otherwise). The one implementation the loader, late activation and ``importpatch check``
+    share; it records nothing."""
     from .catalog import load_patch
     from .versions import check, distribution_version
 
@@ -92,7 +94,7 @@ def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None
         patch = load_patch(entry)
     except Exception as exc:
         return Declared(entry, None, f"{type(exc).__name__}: {exc}", False, "")
-    ok, why = check(patch.requires, version_of or distribution_version)
+    ok, why = check(patch.requires, version_of or distribution_version, where)
     return Declared(entry, patch, "", ok, why)
 
 
@@ -330,7 +332,10 @@ class PatchLoader:
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
         cache_root = bytecache.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
-        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals)
+        whole = whole_diffs(code_ops, self.fullname)
+        siblings = b"".join(w.material for w in whole)
+        key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals,
+                            siblings)
         cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
         facts = landing.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
@@ -344,6 +349,8 @@ class PatchLoader:
         if facts is None:
             from . import transforms  # not on the cache-hit path: it imports difflib, dataclasses
 
+            for w in whole:  # no entry matched: is every other file of its diffs there to patch?
+                w.require(self.fullname, origin)
             patched = text
             if code_ops:
                 patched = transforms.patch_text(self.fullname, origin, text, code_ops)
@@ -395,6 +402,138 @@ class PatchLoader:
             seen.add((op.patch.name, op.kind))
             how = "source-diff" if op.kind == "diff" else "transform"
             events.record("applied", op.patch.name, self.fullname, how)
+
+
+# -- A diff lands whole or not at all -----------------------------------------------------------
+
+
+class WholeDiff:
+    """The other files of a patch's diff, as the import of one of its files sees them: the
+    module each is for (the first of its candidates that exists), its source file and bytes.
+
+    A patch's diff is all or nothing per process, as ``git apply`` takes a diff: before the first
+    of its files is patched, the others are read from disk and the diff is applied to each (in
+    memory); if one does not apply, no file of the patch is patched (``on_error="warn"``: each
+    module imports unpatched with a warning naming that file and hunk; ``"fail"``: the import of
+    any of its files raises naming them). The verdict is kept per process, keyed by the bytes
+    read; ``material`` (those bytes and the other files' hunks) is part of the bytecode cache
+    key, so a cache hit means the same files were found to apply when the entry was stored.
+    """
+
+    __slots__ = ("patch", "others", "material")
+
+    def __init__(self, patch: Patch, others: list[tuple[Op, str | None, str | None, bytes]]
+                 ) -> None:
+        from .bytecache import _hash, _part
+
+        self.patch = patch
+        self.others = others  # (op, module, file, raw): module None when none of its exists
+        parts = []  # never the patch's name (see bytecache.op_fingerprint)
+        for op, module, file, raw in others:
+            assert op.file_patch is not None
+            where = f"{module}\0{file}" if module else "\0".join(op.modules) + "\0<missing>"
+            parts += [_part(repr(op.file_patch.hunks).encode()),
+                      _part(where.encode("utf-8", "surrogateescape")), _part(raw)]
+        self.material = _hash(b"".join(parts))  # 16 bytes: kept per process as the verdict's key
+
+    def require(self, fullname: str, origin: str) -> None:
+        """Raise PatchError when another file of the diff does not apply (verdict cached)."""
+        from .errors import PatchError
+
+        why = _whole_verdicts.get(self.material)
+        if why is None:
+            why = _whole_verdicts[self.material] = self._verdict()
+        if why:
+            raise PatchError(self.patch.name, fullname, why, file=origin)
+
+    def _verdict(self) -> str:
+        from . import diffs
+        from .errors import installed_version
+
+        for op, module, file, raw in self.others:
+            assert op.file_patch is not None
+            path = op.file_patch.path
+            if module is None or file is None:
+                problem = (f"{path}: no module {' / '.join(op.modules)} with a .py source to "
+                           "patch in this installation")
+            else:
+                try:
+                    diffs.apply(decode_source(raw), op.file_patch)
+                    continue
+                except diffs.HunkMismatch as exc:
+                    problem = exc.message(installed_version(module))
+                except (diffs.DiffError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
+                    problem = f"{path}: {exc}"
+            return (f"its diff is applied whole or not at all, and another of its files does "
+                    f"not apply: {problem.rstrip('.')}; so no file of it is patched")
+        return ""
+
+
+_whole_verdicts: dict[bytes, str] = {}  # WholeDiff.material -> why it does not apply ("": it does)
+
+
+def whole_diffs(code_ops: list[Op], fullname: str) -> list[WholeDiff]:
+    """For each patch among ``code_ops`` whose diff has other files than ``fullname``'s: those
+    files, read (one small read each; nothing is imported)."""
+    from .declare import DIFF
+
+    out = []
+    for patch in dict.fromkeys(op.patch for op in code_ops if op.kind == DIFF):
+        others = []
+        for op in patch.ops:
+            if op.kind != DIFF or fullname in op.modules:
+                continue
+            module = file = None
+            raw = b""
+            for candidate in op.modules:
+                file = source_file(candidate)
+                if file is not None:
+                    module = candidate
+                    break
+            if file is not None:
+                try:
+                    with open(file, "rb") as f:
+                        raw = f.read()
+                except OSError:
+                    module = file = None
+            others.append((op, module, file, raw))
+        if others:
+            out.append(WholeDiff(patch, others))
+    return out
+
+
+def source_file(name: str) -> str | None:
+    """The ``.py`` file module ``name`` is (or would be) loaded from, found without importing
+    anything: its spec when imported, else under the nearest imported package (or the top-level
+    package sys.path finds), as a file or a package folder."""
+    module = sys.modules.get(name)
+    if module is not None:
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        return origin if isinstance(origin, str) and origin.endswith(".py") else None
+    parts = name.split(".")
+    bases: list[str] = []
+    rest: list[str] = []
+    for i in range(len(parts) - 1, 0, -1):
+        parent = sys.modules.get(".".join(parts[:i]))
+        if parent is not None:
+            bases, rest = list(getattr(parent, "__path__", ()) or ()), parts[i:]
+            break
+    else:
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(parts[0])
+        if spec is None:
+            return None
+        if len(parts) == 1:
+            origin = spec.origin
+            return origin if isinstance(origin, str) and origin.endswith(".py") else None
+        bases, rest = list(spec.submodule_search_locations or ()), parts[1:]
+    for base in bases:
+        stem = os.path.join(base, *rest)
+        for file in (stem + ".py", os.path.join(stem, "__init__.py")):
+            if os.path.isfile(file):
+                return file
+    return None
 
 
 def _innermost(loader: Any) -> Any:

@@ -17,7 +17,9 @@ diff3-style markers, into the work folder in ``importpatch edit``'s layout (``or
 release's files), so that after resolving them by hand ``importpatch save NAME`` writes the diff.
 
 ``merge3`` is imported here only, and this module only by the command line: nothing of it is on
-the start-up or import-hook path.
+the start-up or import-hook path. It is GPL-2.0-or-later, so it is not in the base install but in
+the ``rebase`` extra: without it ``rebase`` refuses before reading anything (``require_merge3``;
+the command exits 3 with the install command).
 """
 
 from __future__ import annotations
@@ -32,6 +34,35 @@ from . import authoring, check, declare, diffs, releases
 
 APPLIED, MERGED, UPSTREAM, CONFLICT = "applied", "merged", "upstream", "conflict"
 CLEAN = "clean"
+
+
+# What installs the 3-way merge: the extra, so that the version range stays the project's.
+MERGE3_EXTRA = "importpatch-hook[rebase]"
+
+
+class MissingDependency(Exception):
+    """A command needs an optional dependency that is not installed; ``install`` installs it."""
+
+    def __init__(self, message: str, install: str) -> None:
+        super().__init__(message)
+        self.install = install
+
+
+def require_merge3(command: str = "rebase") -> None:
+    """Raise ``MissingDependency`` when ``merge3`` cannot be imported (the ``rebase`` extra is
+    not installed) for ``importpatch COMMAND`` (``rebase``, ``from-git``): a found spec is not
+    enough, a broken install fails here too."""
+    try:
+        import merge3  # noqa: F401
+    except ImportError as exc:
+        import shlex
+        import sys
+
+        install = f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(MERGE3_EXTRA)}"
+        raise MissingDependency(
+            f"'importpatch {command}' needs merge3 for its 3-way merge, and it cannot be imported "
+            f"here ({exc}); merge3 is GPL-2.0-or-later, so it is an extra, not in the base "
+            "install", install) from None
 
 
 class NotApplicable(Exception):
@@ -281,12 +312,71 @@ def _three_way(
                          "merged with upstream changes at line(s) "
                          + ", ".join(map(str, upstream_near[s.index][:5])))
             fate = HunkFate(s.index, _hunk_header(s.hunk), MERGED, line, moved, what_near)
-        else:
+        elif seen:
             fate = HunkFate(s.index, _hunk_header(s.hunk), APPLIED, line, moved,
                             "merged, context unchanged")
+        else:
+            fate = _unowned(s, moved, "".join(their_lines), "".join(out))
         fates.append(fate)
     text = "".join(out)
-    return FileMerge(CONFLICT if conflicts else MERGED, text, fates, conflicts)
+    unsettled = conflicts or any(f.status == CONFLICT for f in fates)
+    return FileMerge(CONFLICT if unsettled else MERGED, text, fates, conflicts)
+
+
+def _unowned(s: _Span, moved: int, theirs: str, merged: str) -> HunkFate:
+    """The fate of a hunk that owns no region of the merge (merge3 yields no region for the same
+    deletion on both sides; with repeated lines the alignment may give a hunk's change to a
+    neighbour's region). Never "applied" when the result is the target unchanged, nor when the
+    target has its new side and not its old one (upstream); applied when the result reads as its
+    new side; else its change is lost, which only a person can settle: a conflict."""
+    header = _hunk_header(s.hunk)
+    stated = s.base_start + moved
+    reverse = s.hunk.reversed()
+
+    def fits(hunk: diffs.Hunk, text: str) -> int:
+        if not hunk.old_lines:
+            return -1
+        return diffs._Source(text).place(hunk, stated, 0, diffs.DEFAULT_MAX_OFFSET, False)
+
+    new_in_theirs = fits(reverse, theirs)
+    if merged == theirs or (new_in_theirs >= 0 and fits(s.hunk, theirs) < 0):
+        at = new_in_theirs if new_in_theirs >= 0 else None
+        return HunkFate(s.index, header, UPSTREAM, None if at is None else at + 1, moved,
+                        "already upstream: the target release already reads as its new side "
+                        "(the merge changes nothing for it)")
+    if all(tag != "+" for tag, _ in s.hunk.lines) and fits(s.hunk, theirs) < 0 and not any(
+            _near(run, theirs, stated) for run in _runs(s.hunk, "-")):
+        return HunkFate(s.index, header, UPSTREAM, None, moved,
+                        "already upstream: the target release does not have the lines it "
+                        "removes")
+    at = fits(reverse, merged)
+    if at >= 0 or not reverse.old_lines:
+        return HunkFate(s.index, header, APPLIED, at + 1 if at >= 0 else None, moved,
+                        "merged, context unchanged (its change aligned with a neighbouring "
+                        "hunk's)")
+    return HunkFate(s.index, header, CONFLICT, detail="the merge did not carry its change and "
+                    "the target does not have it: resolve by hand")
+
+
+def _runs(hunk: diffs.Hunk, tag: str) -> list[list[str]]:
+    """The runs of consecutive ``tag`` lines of a hunk."""
+    runs: list[list[str]] = []
+    previous = ""
+    for t, text in hunk.lines:
+        if t == tag:
+            if previous != tag:
+                runs.append([])
+            runs[-1].append(text)
+        previous = t
+    return runs
+
+
+def _near(run: list[str], text: str, line: int) -> bool:
+    """Whether the lines ``run`` occur in ``text`` within the diff window of 0-based ``line``."""
+    keys = diffs._Source(text).keys
+    lo = max(0, line - diffs.DEFAULT_MAX_OFFSET)
+    hi = min(len(keys) - len(run), line + diffs.DEFAULT_MAX_OFFSET)
+    return any(keys[p:p + len(run)] == run for p in range(lo, hi + 1))
 
 
 def _offset_at(syncs: Sequence[tuple[int, ...]], base_line: int) -> int:
@@ -396,6 +486,7 @@ def rebase(
     dry_run: bool = False,
     force: bool = False,
 ) -> Report:
+    require_merge3()
     patch = authoring.find_patch(name)
     if patch is None:
         raise check.UsageError(f"unknown patch name: {name}", "see 'importpatch list'")
@@ -463,11 +554,19 @@ def rebase(
             report.diff = ""
         if not dry_run and body:
             own = authoring.own_diff_file(patch)
+            if why.startswith("narrowed"):
+                # The deployed file still serves releases the rebased diff does not apply to:
+                # never replaced unless --out says so.
+                own = None
             target_path = out or own or os.path.join(
                 authoring.session_folder(name, work), f"{name}.diff")
+            deployed = authoring.own_diff_file(patch)
+            if not out and deployed and own is None:
+                report.requires_why += (f"; so written to the work folder, not over {deployed} "
+                                        "(--out FILE to choose)")
             if out and os.path.isdir(out):
                 target_path = os.path.join(out, f"{name}.diff")
-            authoring.write_text(target_path, report.diff)
+            authoring.write_or_explain(target_path, report.diff)
             report.out = target_path
         return report
     # Conflict (or a module missing in the target): leave the merge in the work folder.
@@ -514,9 +613,11 @@ def requires_after(
 ) -> tuple[list[str], str]:
     """``Requires`` of the rebased diff, and why. One file per patch, the requirement telling
     the truth: the rebased diff is tried on the base release too. If it still applies there and
-    the old ``Requires`` admits the target, the old one is kept; if it applies there, the two
-    releases' minor series are joined (widened); otherwise it covers the target's series only
-    (the old file, from version control, serves the old releases)."""
+    the old ``Requires`` admits the target, the old one is kept; if it applies there, the old
+    range is extended to the target's minor series (widened: never narrower than the old one, so
+    no release the diff was good for is dropped, whichever way the rebase goes); otherwise it
+    covers the target's series only, and the reason starts with "narrowed" (``rebase`` then
+    writes it beside the old file, which still serves the old releases, unless told where)."""
     from packaging.version import Version
 
     new_spec = releases.parse_spec(new_base) if new_base else None
@@ -539,7 +640,45 @@ def requires_after(
         lo, hi = sorted((old_spec[1], new_version), key=Version)
         low_bound = authoring.minor_series(top, lo).split(",")[0]
         high_bound = authoring.minor_series(top, hi).split(",")[1]
-        return [f"{low_bound},{high_bound}"], ("widened: the rebased diff applies to both "
-                                               f"{base_label} and {new_base}")
-    return [target_series], (f"the target's series: the rebased diff does not apply to "
-                             f"{base_label} (keep the old file for older releases)")
+        joined = f"{low_bound},{high_bound}"
+        if len(ours) == 1:
+            extended = _extend(ours[0], joined)
+            if extended is not None:
+                others = [r for r in patch.requires if r not in ours]
+                return [extended, *others], (
+                    f"widened: the rebased diff applies to both {base_label} and {new_base}; "
+                    f"{ours[0]} extended to admit {new_base}")
+        return [joined], ("widened: the rebased diff applies to both "
+                          f"{base_label} and {new_base}")
+    dropped = f"{'; '.join(patch.requires)}" if patch.requires else base_label
+    return [target_series], (f"narrowed to the target's series: the rebased diff does not apply "
+                             f"to {base_label} (the old diff still serves {dropped}: keep its "
+                             "file for those releases)")
+
+
+def _extend(requirement: str, joined: str) -> str | None:
+    """``requirement`` (one package, ``>=``/``>``/``<``/``<=`` bounds only) with its range
+    stretched to cover ``joined`` (``pkg>=A,<B``); None when it has other clauses (``!=``,
+    ``==``, ``~=``: a union of those is no PEP 440 specifier)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    old, add = Requirement(requirement), Requirement(joined)
+    if old.marker is not None or old.extras or any(
+            s.operator not in (">=", ">", "<", "<=") for s in old.specifier):
+        return None
+    lows = [s for s in old.specifier if s.operator in (">=", ">")]
+    highs = [s for s in old.specifier if s.operator in ("<", "<=")]
+    (add_low,) = [s for s in add.specifier if s.operator == ">="]
+    (add_high,) = [s for s in add.specifier if s.operator == "<"]
+    clauses = []
+    if lows:  # no lower bound stays none
+        low = max(lows, key=lambda s: Version(s.version))
+        clauses.append(str(add_low) if Version(add_low.version) < Version(low.version) or (
+            low.operator == ">" and Version(add_low.version) == Version(low.version)) else str(low))
+    if highs:
+        high = min(highs, key=lambda s: Version(s.version))
+        clauses.append(str(add_high) if Version(add_high.version) > Version(high.version) or (
+            high.operator == "<=" and Version(add_high.version) == Version(high.version))
+            else str(high))
+    return old.name + ",".join(clauses)

@@ -91,9 +91,11 @@ def _normalized(name: str) -> str:
 
 
 def check(
-    requires: Iterable[str], version_of: Callable[[str], str | None] = distribution_version
+    requires: Iterable[str], version_of: Callable[[str], str | None] = distribution_version,
+    where: str | None = None,
 ) -> tuple[bool, str]:
-    """(holds, reason). An unparsable requirement does not hold, and says so."""
+    """(holds, reason). An unparsable requirement does not hold, and says so. ``where`` names
+    what ``version_of`` reads when it is not the installed packages ("wheel x.whl")."""
     requires = tuple(requires)
     if not requires:  # importing packaging costs ~15-60 ms: not for patches without requirements
         return True, "no version requirement"
@@ -107,8 +109,11 @@ def check(
         except InvalidRequirement as exc:
             return False, f"invalid requirement {text!r}: {exc}"
         installed = version_of(req.name)
+        found = f"{req.name} {installed} in {where}" if where else (
+            f"installed {req.name} {installed}")
         if installed is None:
-            return False, f"requires {text}, but {req.name} is not installed"
+            missing = f"is not in {where}" if where else "is not installed"
+            return False, f"requires {text}, but {req.name} {missing}"
         try:
             ok = req.specifier.contains(Version(installed), prereleases=True)
         except InvalidVersion:
@@ -117,9 +122,9 @@ def check(
             # not PEP 440. Decided here: packaging before 24 raises for such a version.
             if not all(spec.operator == "===" and spec.version.lower() == installed.lower()
                        for spec in req.specifier):
-                return False, f"requires {text}, installed {req.name} {installed} is not PEP 440"
+                return False, f"requires {text}, {found} is not PEP 440"
             ok = True
         if not ok:
-            return False, f"requires {text}, installed {req.name} {installed}"
+            return False, f"requires {text}, {found}"
         reasons.append(f"{req.name} {installed} satisfies {text}")
     return True, "; ".join(reasons) or "no version requirement"

@@ -273,6 +273,14 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> V
 
 
 @pytest.fixture(scope="session")
+def rebase_venv(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> Venv:
+    """A fresh venv with the built wheel and its ``rebase`` extra (merge3, which ``rebase`` and
+    ``from-git``'s carrying need): ``pip install 'importpatch-hook[rebase]'``."""
+    return make_venv(tmp_path_factory.mktemp("rebase-venv") / "venv",
+                     f"importpatch-hook[rebase] @ {built_wheel.resolve().as_uri()}")
+
+
+@pytest.fixture(scope="session")
 def venv_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Venv]:
     """``make(*pip_args, name=None) -> Venv``: extra venvs under a session tmp dir."""
     counter = itertools.count()

@@ -64,8 +64,10 @@ def make_wheel(path: Path, files: dict[str, str], name: str = "toy_dist",
 
 @pytest.fixture(scope="module")
 def venv(venv_factory: Any, built_wheel: Path) -> Venv:
-    """importpatch installed with pip into a venv of this module's own."""
-    return venv_factory(str(built_wheel), name="capture-venv")
+    """importpatch installed with pip into a venv of this module's own, with the rebase extra
+    (merge3: a test rebases what capture wrote)."""
+    return venv_factory(f"importpatch-hook[rebase] @ {built_wheel.resolve().as_uri()}",
+                        name="capture-venv")
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ fails with it, "warn" skips with it), the Max-Offset and Unidiff-Zero headers.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -158,3 +159,68 @@ def test_git_diff_of_a_latin1_file_names_the_byte_and_applies_once_reencoded(
     assert "iconv -f latin1 -t utf-8" in message
     patch_file.write_bytes(b"Name: lat\n\n" + raw.decode("latin-1").encode("utf-8"))  # iconv
     assert lab.json(show, enable="lat") == "crème"
+
+
+# -- a multi-file diff is all or nothing per process ----------------------------------------------
+
+TOY = {"toyp/__init__.py": "", "toyp/a.py": module(4), "toyp/b.py": module(4)}
+TWO = make_diff(module(4), module(4, frozenset({1})), "toyp/a.py") + make_diff(
+    module(4), module(4, frozenset({2})), "toyp/b.py")
+DRIFTED_B = module(4).replace("return 2\n", "return 2  # upstream\n")
+BOTH = """
+    import json, importpatch.events
+    out = []
+    for name in ("toyp.a", "toyp.b"):
+        try:
+            m = __import__(name, fromlist=["f1"])
+            out.append([m.f1(), m.f2()])
+        except ImportError as exc:
+            out.append([type(exc).__name__, str(exc)])
+    print(json.dumps([out, {EVENTS}]))
+    """.replace("{EVENTS}", EVENTS)
+
+
+@pytest.mark.parametrize("on_error", ["warn", "fail"])
+def test_a_diff_of_two_files_lands_whole_or_not_at_all(lab: Lab, on_error: str) -> None:
+    # toyp/a.py fits, toyp/b.py drifted: git apply refuses the whole diff, so must the import.
+    lab.target({**TOY, "toyp/b.py": DRIFTED_B})
+    lab.patch({"two.diff": f"Name: two\nOn-Error: {on_error}\n\n" + TWO})
+    where = "toyp/b.py: hunk #1 '@@ -7,7 +7,7 @@' does not apply"
+    for _ in range(2):  # the second run finds a's bytecode cache entry
+        (a, b), events = lab.json(BOTH, enable="two")
+        if on_error == "warn":
+            assert a == [1, 2] and b == [1, 2]  # neither patched
+            skips = [e for e in events if e[0] == "failed"]
+            assert skips == [["failed", "two", "toyp.a", "skipped (on_error=warn)"],
+                             ["failed", "two", "toyp.b", "skipped (on_error=warn)"]]
+            assert not [e for e in events if e[0] == "applied"]
+        else:
+            assert a[0] == "PatchError" and b[0] == "PatchError", (a, b)
+            assert "cannot apply to toyp.a" in a[1] and where in a[1], a[1]
+            assert "applied whole or not at all" in a[1]
+            assert where in b[1]
+    if on_error == "warn":
+        proc = lab.ok("import toyp.a", enable="two")
+        assert where in proc.stderr and "no file of it is patched" in proc.stderr
+    # Once b is fixed, both land; a's cache entry of the refusal is not reused.
+    lab.target({"toyp/b.py": module(4)})
+    (a, b), _ = lab.json(BOTH, enable="two")
+    assert a == [10, 2] and b == [1, 20]
+    # And once b drifts again, a's cache entry of the success is not reused either.
+    lab.target({"toyp/b.py": DRIFTED_B})
+    (a, b), _ = lab.json(BOTH, enable="two")
+    assert a != [10, 2]
+
+
+def test_check_says_the_files_of_a_diff_that_apply_are_not_patched_when_another_does_not(
+        lab: Lab) -> None:
+    lab.target({**TOY, "toyp/b.py": DRIFTED_B})
+    lab.patch({"two.diff": "Name: two\nOn-Error: warn\n\n" + TWO})
+    proc = lab.run(["-m", "importpatch", "check", "two", "--json"], enable="two")
+    report = json.loads(proc.stdout)
+    (patch,) = report["patches"]
+    a, b = patch["ops"]
+    assert patch["status"] == "fail" and b["status"] == "fail"
+    assert a["status"] == "fail" and a["detail"].startswith("1 hunk(s) apply; but not patched at "
+                                                            "import"), a
+    assert "its change to toyp.b does not apply" in a["detail"]

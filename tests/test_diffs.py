@@ -1035,3 +1035,68 @@ def test_property_garbage_after_file_header_raises(garbage: str) -> None:
 def test_property_garbage_after_hunk_header_raises(garbage: list[str]) -> None:
     with pytest.raises(DiffError):
         parse(HEADER + "@@ -1,2 +1,2 @@\n" + "\n".join(garbage))
+
+
+# ----------------------------------------------- placement where git apply and GNU patch differ
+
+
+def test_the_previous_offset_is_carried_as_gnu_patch_does_not_git() -> None:
+    # Upstream added 50 lines at the top, and a copy of hunk 2's old side 24 lines below hunk 2's
+    # stated line. GNU patch carries hunk 1's offset (+50) to hunk 2 and finds its lines 7 away
+    # from there, where they moved; git apply starts hunk 2 at its own stated line and takes the
+    # nearer copy. The engine carries the offset, as GNU patch does.
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import diff_corpus
+
+    old = numbered(200)
+    new = old.replace("line 10\n", "ten\n").replace("line 100\n", "hundred\n")
+    diff = make_diff(old, new, "pkg/m.py")
+    copy = "".join(f"line {i}\n" for i in range(97, 104))
+    source = numbered(50, start=1000) + old.replace("line 70\n", "line 70\n" + copy)
+    ours = apply(source, only_file(diff))
+    assert ours == numbered(50, start=1000) + new.replace("line 70\n", "line 70\n" + copy)
+    tools = diff_corpus.Tools()
+    try:
+        git = tools.git_apply(source, diff, "pkg/m.py")
+        gnu = tools.gnu_patch(source, diff, "pkg/m.py")
+    finally:
+        tools.close()
+    assert git is not None and git != ours  # git changed the copy
+    assert git.count("hundred\n") == 1 and git.index("hundred") < ours.index("hundred")
+    if not tools.has_patch:
+        pytest.skip("GNU patch is not installed: the engine matched, git's differing was checked")
+    assert gnu == ours
+
+
+def test_already_applied_is_seen_beyond_the_window_when_the_reversed_diff_applies() -> None:
+    # git apply -R searches the whole file: a change that is upstream, 400 lines below where
+    # the diff says, is "already applied", not a mismatch.
+    old = numbered(60)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    with pytest.raises(HunkMismatch) as info:
+        apply(numbered(400, start=1000) + new, f)
+    exc = info.value
+    assert exc.all_applied and [m.fit for m in exc.failures] == [407, 447]
+    assert "already applied in this version" in exc.message()
+
+
+def test_a_hunk_that_fits_only_before_the_previous_one_says_where() -> None:
+    old = numbered(100)
+    new = old.replace("line 10\n", "ten\n").replace("line 50\n", "fifty\n")
+    f = only_file(make_diff(old, new, "pkg/m.py"))
+    # Upstream moved lines 41-60 to the top: hunk 2's old side is now before hunk 1's place.
+    lines = old.splitlines(keepends=True)
+    source = "".join(lines[40:60] + lines[:40] + lines[60:])
+    with pytest.raises(HunkMismatch) as info:
+        apply(source, f)
+    exc = info.value
+    assert (exc.hunk_index, exc.kind, exc.fit) == (2, "order", 7)
+    text = exc.describe()
+    assert "within 200 lines" not in text
+    assert "its old side fits exactly at line 7, 60 lines before" in text, text
+    assert "the previous hunk" in text

@@ -167,11 +167,11 @@ def test_a_fork_becomes_ordered_patches_carried_to_the_next_release(
 
 
 def test_carried_patches_patch_the_installed_release_in_a_spawned_process(
-    fork: Path, tmp_path: Path, env: dict[str, str], wheel_venv: Venv
+    fork: Path, tmp_path: Path, env: dict[str, str], rebase_venv: Venv
 ) -> None:
     site = release_tree(tmp_path / "site", "1.5.0", upstream_core())
     env = {**env, "PYTHONPATH": str(site)}
-    py = str(wheel_venv.python)
+    py = str(rebase_venv.python)  # carrying merges 3-way: the rebase extra (merge3)
     report = json.loads(run_cli("from-git", str(fork), "v1.4.0..HEAD~1", "--name", "fork",
                                 "--json", env=env, rc=1, python=py).stdout)
     assert report["target"] == "tpkg==1.5.0"  # the installed release (default --to)

@@ -172,6 +172,28 @@ def test_save_refuses_conflict_markers_and_names_the_lines(
     assert not (Path(env["IMPORTPATCH_PATH"]) / "marked.diff").exists()
 
 
+def test_save_names_a_byte_that_is_not_utf8_and_a_folder_it_cannot_write(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    tree = make_tree(tmp_path / "tree")
+    work = tmp_path / "work"
+    run_cli("edit", "tpkg.sub.engine", "--name", "enc", "--against", str(tree), "--work",
+            str(work), env=env)
+    edit = work / "enc" / "edit" / "tpkg" / "sub" / "engine.py"
+    edit.write_bytes(ENGINE.replace("return 1", "return 'caf\xe9'").encode("latin-1"))
+    proc = run_cli("save", "enc", "--work", str(work), env=env, check_rc=2)
+    assert "internal error" not in proc.stderr and "a bug in importpatch" not in proc.stderr
+    assert f"{edit} is not UTF-8 text: byte 0xe9 on line 3, column 20" in proc.stderr
+    edit.write_text(ENGINE.replace("return 1", "return 2"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_cli("save", "enc", "--work", str(work), "--out", str(blocker / "sub" / "x.diff"),
+                   env=env, check_rc=2)
+    assert "internal error" not in proc.stderr and "a bug in importpatch" not in proc.stderr
+    assert f"cannot write {blocker / 'sub' / 'x.diff'}: " in proc.stderr
+    assert f"(in folder {blocker / 'sub'})" in proc.stderr
+
+
 def test_edit_and_save_usage_errors(tmp_path: Path, env: dict[str, str]) -> None:
     tree = make_tree(tmp_path / "tree")
     proc = run_cli("edit", "tpkg.nope", "--against", str(tree), env=env, check_rc=2)
@@ -228,6 +250,51 @@ def test_the_same_change_upstream_is_reported_and_never_duplicated() -> None:
     assert merged.text == "header = 0\n" + ours
     # moved: where each change now sits in the target, against the base (header, extra line)
     assert [(h.status, h.moved) for h in merged.hunks] == [("upstream", 1), ("applied", 2)]
+
+
+def test_a_hunk_whose_change_the_target_already_has_is_never_reported_applied() -> None:
+    # The diff deletes a block the target never had (a deletion made on both sides): merge3
+    # yields no region for it, and the merged file is the target's, unchanged.
+    lines = ["x = 1", "", "x = 1", "", "pass", "}", "", "a", "b", "pass", "", "a", "a", "a", "",
+             "pass", "x = 1", ""]
+    base = "".join(f"{line}\n" for line in lines)
+    ours = "".join(f"{line}\n" for line in lines[:14])
+    fp = diffs.parse(diffs.make_diff(base, ours, "m.py")).files[0]
+    merged = rebase.merge_file(base, ours, fp)
+    assert merged.clean and merged.text == ours
+    assert [(h.status, h.detail) for h in merged.hunks] == [
+        ("upstream", "already upstream: the target release already reads as its new side "
+         "(the merge changes nothing for it)")]
+    # An insertion between repeated lines that the alignment gives to no hunk: also upstream.
+    base = "c\npass\nd\nd\nd\nd\na\nc\n}\n}\nx = 1\nb\n\nc\nb\nb\nx = 1\nc\n"
+    ours = "c\npass\nd\nd\nd\nd\nd\na\nc\n}\n}\nb\n\nx = 1\nb\n\nc\nb\n"
+    fp = diffs.parse(diffs.make_diff(base, ours, "m.py")).files[0]
+    merged = rebase.merge_file(base, ours, fp)
+    assert merged.clean and merged.text == ours
+    assert [h.status for h in merged.hunks] == ["upstream", "upstream"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(["a", "b", "", "}", "x = 1", "pass"]), min_size=6, max_size=30),
+       st.data())
+def test_property_applied_means_the_merge_changed_the_target(lines: list[str], data: Any
+                                                             ) -> None:
+    """A clean merge equal to the target reports no hunk applied (the issue's rule)."""
+    base = "".join(f"{line}\n" for line in lines)
+    i = data.draw(st.integers(0, len(lines) - 1))
+    j = data.draw(st.integers(i + 1, min(len(lines), i + 4)))
+    kept = lines[:i] + lines[j:]
+    ours = "".join(f"{line}\n" for line in kept)
+    extra = data.draw(st.lists(st.sampled_from(["a", "", "}", "new = 2"]), max_size=2))
+    at = data.draw(st.integers(0, len(kept)))
+    theirs_lines = kept[:at] + extra + kept[at:]
+    theirs = "".join(f"{line}\n" for line in theirs_lines)
+    text = diffs.make_diff(base, ours, "m.py")
+    if not text:
+        return
+    merged = rebase.merge_file(base, theirs, diffs.parse(text).files[0])
+    if merged.clean and merged.text == theirs:
+        assert all(h.status != "applied" for h in merged.hunks), merged.hunks
 
 
 # -- Hypothesis: the two properties of the issue, against real git ------------------------------
@@ -726,12 +793,43 @@ def test_rebase_of_a_moved_module_does_not_widen_requires_to_a_release_it_fails_
     assert report["status"] == "clean"
     assert [f["path"] for f in report["files"]] == ["tpkg/core.py", "tpkg/engine/main.py"]
     assert report["requires_after"] == ["tpkg>=1.5,<1.6"], report["requires_why"]
+    # Narrowed: the deployed file still serves 1.4, so it is not replaced without --out.
+    assert report["requires_why"].startswith("narrowed to the target's series")
+    assert "the old diff still serves tpkg>=1.4,<1.5" in report["requires_why"]
+    assert report["out"] != str(patch_file) and "Requires: tpkg>=1.4,<1.5\n" in \
+        patch_file.read_text()
+    assert "Requires: tpkg>=1.5,<1.6\n" in Path(report["out"]).read_text()
+    assert f"not over {patch_file}" in report["requires_why"]
+    run_cli("rebase", "moved", "--to", str(target), "--base", str(base), "--out",
+            str(patch_file), env=env)
     assert "Requires: tpkg>=1.5,<1.6\n" in patch_file.read_text()
     run_cli("check", "moved", "--against", str(target), env=env)
     # The base release is outside Requires: skipped there, never a failure that Requires admits.
     old = json.loads(run_cli("check", "moved", "--against", str(base), "--json", env=env,
                              check_rc=1).stdout)
     assert old["patches"][0]["status"] == "skip"
+
+
+def test_rebase_to_an_older_release_widens_requires_without_dropping_any(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Made on 1.4.2, good for 1.4 to 1.8 (the author's Requires), rebased to an older 1.2.0
+    where it applies too: the new Requires admits 1.2 and still every release the old one
+    did (a plain join of the two releases' series would drop 1.5 to 1.8)."""
+    base = make_tree(tmp_path / "base")
+    older = make_tree(tmp_path / "older")
+    (older / "tpkg" / "__init__.py").write_text('__version__ = "1.2.0"\n')
+    patch_file = Path(env["IMPORTPATCH_PATH"]) / "wide.diff"
+    patch_file.write_text(
+        "Name: wide\nBase: tpkg==1.4.2\nRequires: tpkg>=1.4,<1.9\n\n"
+        + diffs.make_diff(CORE, CORE.replace("return x + 3\n", "return 3\n"), "tpkg/core.py"))
+    report = json.loads(run_cli("rebase", "wide", "--to", str(older), "--base", str(base),
+                                "--json", env=env).stdout)
+    assert report["status"] == "clean"
+    assert report["requires_after"] == ["tpkg>=1.2,<1.9"], report["requires_why"]
+    assert report["requires_why"].startswith("widened")
+    assert report["out"] == str(patch_file)
+    assert "Requires: tpkg>=1.2,<1.9\n" in patch_file.read_text()
 
 
 def test_save_after_a_rebase_with_a_missing_module_never_drops_its_changes(
