@@ -2,15 +2,15 @@
 
 Invariants:
 - ``find_spec`` costs one set and one dict lookup for every module that no enabled patch
-  targets, and never imports anything.
+  targets, and never imports anything. For a targeted module it asks the *other* finders on
+  ``sys.meta_path`` for the real spec (never ``importlib.util.find_spec``, which would re-enter
+  this finder and take import locks) and swaps in ``PatchLoader``.
 - At the first import of a targeted top-level package (``import vllm``), before any of its code
   runs, every enabled patch's target modules are looked up (found, not imported) under the
   package's folders: a module none of whose candidates exists there (a typo in the target,
   a module that moved) is a warning once per process and a ``missing`` event, and under strict
   mode a ``StrictError`` at that import and every later one. A patch whose version requirement
-  does not hold is left out (it would be skipped anyway). For a targeted module it asks the *other* finders on ``sys.meta_path`` for
-  the real spec (never ``importlib.util.find_spec``, which would re-enter this finder and take
-  import locks) and swaps in ``PatchLoader``.
+  does not hold is left out (it would be skipped anyway).
 - The loader reads, patches, compiles and executes the source itself: it never reads or writes
   the target package's ``__pycache__`` (a stale .pyc would silently skip the patch; a patched one
   written there would poison later unpatched runs). Its own bytecode cache lives elsewhere.

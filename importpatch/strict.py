@@ -104,7 +104,7 @@ def _unknown_target(top: str) -> bool:
         return False  # (sysconfig's data module is named after the platform)
     if top in getattr(sys, "stdlib_module_names", ()) or top in sys.builtin_module_names:
         return False
-    frame = sys._getframe(2)  # here <- Gate.find_spec <- ...
+    frame: Any = sys._getframe(2)  # here <- Gate.find_spec <- ...
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("importlib"):
         frame = frame.f_back  # importlib._bootstrap, importlib.import_module / util
     importer = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
