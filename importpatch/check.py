@@ -240,12 +240,12 @@ class InstalledSource(Source):
         return self._top_locations(top) is not None
 
     def close_module(self, module: str) -> str:
-        from .finder import _close_module
+        from .lookup import close_module
 
         places = self._top_locations(module.partition(".")[0])
         if not places or places[0].endswith(".py"):
             return ""
-        return _close_module(module, places)
+        return close_module(module, places)
 
     def _read(self, rel: str) -> bytes:
         with open(rel, "rb") as f:
