@@ -549,7 +549,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for proc in procs.values():
         seen: set[str] = set()
         for ev in proc["events"]:
-            if ev["outcome"] == STARTED:
+            if ev["outcome"] in (STARTED, "unknown", "missing"):  # those: in "requested"
                 continue
             tally = patches.setdefault(
                 ev["patch"],
@@ -575,8 +575,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines += _proc_lines(root, 0, style)
     lines.append("")
     for name, t in sorted(patches.items()):
-        if t["applied"] + t["skipped"] + t["failed"] == 0:
-            continue  # only unknown / missing events: in the part below
         rebound = f", {t['rebound']} copies re-bound late" if t["rebound"] else ""
         lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
                      f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed"
