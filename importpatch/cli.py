@@ -1,10 +1,12 @@
 """The ``importpatch`` command (also ``python -m importpatch``): list, check, diff, status, doctor.
 
     importpatch list                          every discovered patch, on/off and why
-    importpatch check [NAME...] [--against P] dry run against the installed packages or P
+    importpatch check [NAME...|--all] [--against P]  dry run of the patches on here (the named
+                                              ones; --all: every one) against installed or P
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
-    importpatch doctor                        is the start-up hook installed and active here?
+    importpatch doctor                        is the hook installed and active here, and can
+                                              every requested patch apply here?
     importpatch cache [prune|clear]           size of the cache folder; prune or empty it
     importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
     importpatch save NAME                     write NAME.diff from the work folder's edits
