@@ -177,10 +177,23 @@ def activate(
     problems = _choice_problems(toggles, entries, chosen)
     for key, message in problems:
         events.warn_once(key, message)
+    unknown = _unknown_names(toggles, entries)
     if toggles.strict and (problems or toggles.choice_problems):
-        _stop(toggles, entries, [m for _, m in problems], late=late)
+        _stop(toggles, entries, [m for _, m in problems], late=late,
+              anything=bool(unknown or toggles.choice_problems
+                            or any(e.error and not e.modules for e in entries)))
     elif "importpatch.strict" in sys.modules:
         sys.modules["importpatch.strict"].uninstall()  # a later enable() fixed the problem
+    requested = sorted(toggles.enable | (toggles.custom & {e.name for e in entries}))
+    if chosen or requested:
+        names = sorted({e.name for e in chosen})
+        detail = f"{len(names)} patch(es) on: {', '.join(names)}" if names else "no patch on"
+        events.process_started("late" if late else "start", detail,
+                               requested=requested, on=names)
+    for name, close in unknown:  # each requested name's fate, in every process (status)
+        events.record("unknown", name, "", "name",
+                      f"did you mean {close}?" if close else "no patch of that name here",
+                      level=20)
     if not chosen:
         finder.uninstall()
         if start and not toggles.anything_requested:
@@ -189,14 +202,24 @@ def activate(
     if start and not toggles.anything_requested:  # on by default only: the stamp lists targets
         _write_stamp(index, entries, chosen)
     installed = finder.install(chosen)
-    names = sorted({e.name for e in chosen})
-    events.process_started("late" if late else "start",
-                           f"{len(names)} patch(es) on: {', '.join(names)}")
     if late:
         from .late import apply_to_imported
 
+        installed.check_imported_tops(strict=toggles.strict)
         apply_to_imported(installed)
     return installed
+
+
+def _unknown_names(toggles: Any, entries: list[Entry]) -> list[tuple[str, str]]:
+    """(name, the closest known name or "") of each name in ENABLE that no patch has."""
+    known = {e.name for e in entries}
+    unknown = sorted(toggles.enable - known)
+    if not unknown:
+        return []
+    import difflib
+
+    return [(n, next(iter(difflib.get_close_matches(n, sorted(known), n=1)), ""))
+            for n in unknown]
 
 
 def _choice_problems(
@@ -208,12 +231,15 @@ def _choice_problems(
 
     out = []
     known = {e.name for e in entries}
-    unknown = sorted(toggles.enable - known)
+    unknown = _unknown_names(toggles, entries)
     if unknown:
+        names = [n for n, _ in unknown]
+        close = [f"{c} for {n}" if len(unknown) > 1 else c for n, c in unknown if c]
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
         out.append((
-            "unknown:" + ",".join(unknown),
-            f"unknown patch name(s) {', '.join(unknown)} in {config.ENABLE}; "
-            f"known: {', '.join(sorted(known)) or '(none)'}",
+            "unknown:" + ",".join(names),
+            f"unknown patch name(s) {', '.join(names)} in {config.ENABLE}; "
+            f"known: {', '.join(sorted(known)) or '(none)'}{hint}",
         ))
     for e in entries:
         # Enabled and broken, or broken before it said what it declares (it may hold a patch on
@@ -223,15 +249,18 @@ def _choice_problems(
     return out
 
 
-def _stop(toggles: Any, entries: list[Entry], problems: list[str], *, late: bool) -> None:
-    """Strict mode: stop at the first safe point (see importpatch/strict.py)."""
+def _stop(toggles: Any, entries: list[Entry], problems: list[str], *, late: bool,
+          anything: bool = False) -> None:
+    """Strict mode: stop at the first safe point (see importpatch/strict.py). ``anything``: the
+    targets of what was asked for are unknown (an unknown name, a missing folder): any package
+    outside the standard library may be one."""
     from . import strict
 
     problems = [*toggles.choice_problems, *problems]
     if late:
         raise strict.StrictError(problems, "importpatch's late activation (importpatch.enable() "
                                            "or vLLM's general-plugin hook)")
-    strict.install(strict.targeted_tops(entries), problems)
+    strict.install(strict.targeted_tops(entries), problems, anything)
 
 
 # What the last activate() read (see toggles_key); vllm_plugin re-activates when it changed.

@@ -161,6 +161,11 @@ class Source:
         """The bytes of ``file`` (a path ``find`` returned)."""
         return self._read(file)
 
+    def close_module(self, module: str) -> str:
+        """The existing module closest to ``module`` ("" when none is close): the installed
+        packages answer; an artifact does not guess."""
+        return ""
+
     def text(self, file: str) -> str:
         if file not in self._texts:
             self._texts[file] = _decode(self._read(file))
@@ -247,6 +252,14 @@ class InstalledSource(Source):
 
     def has_package(self, top: str) -> bool:
         return self._top_locations(top) is not None
+
+    def close_module(self, module: str) -> str:
+        from .lookup import close_module
+
+        places = self._top_locations(module.partition(".")[0])
+        if not places or places[0].endswith(".py"):
+            return ""
+        return close_module(module, places)
 
     def _read(self, rel: str) -> bytes:
         with open(rel, "rb") as f:
@@ -594,9 +607,10 @@ class PatchResult:
 
     @property
     def failing(self) -> bool:
-        """Whether this result makes ``check`` exit 1."""
-        broken = self.status in (FAIL, ALREADY_APPLIED)
-        return (self.active and broken) or (self.named and self.status != OK)
+        """Whether this result makes ``check`` exit 1: every result is of a patch it checked, and
+        one fails when it does not apply (fail, already-applied); one you named also when the
+        import hook would not apply it here at all (skip, absent)."""
+        return self.status in (FAIL, ALREADY_APPLIED) or (self.named and self.status != OK)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -610,10 +624,16 @@ class Report:
     patches: list[PatchResult]
     conflicts: list[dict[str, Any]]
     chains: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # What was checked: "named", "enabled" (the default) or "all" (--all); and the discovered
+    # patches left out (off here), which `--all` would check.
+    scope: str = "enabled"
+    unchecked: list[str] = dataclasses.field(default_factory=list)
+    # Problems with the choice itself (a patch folder that does not exist): exit status 1.
+    problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
-        return 1 if any(p.failing for p in self.patches) else 0
+        return 1 if self.problems or any(p.failing for p in self.patches) else 0
 
     def to_json(self) -> dict[str, Any]:
         src = self.against
@@ -623,6 +643,9 @@ class Report:
             "patches": [p.to_json() for p in self.patches],
             "conflicts": self.conflicts,
             "chains": self.chains,
+            "scope": self.scope,
+            "unchecked": self.unchecked,
+            "problems": self.problems,
             "exit_status": self.exit_status,
         }
 
@@ -665,6 +688,9 @@ class _Checker:
         else:
             result.status = FAIL
             result.detail = f"module not found (tried {tried})"
+            close = self.source.close_module(op.modules[-1])
+            if close:
+                result.detail += f"; did you mean {close}?"
         return False
 
     def op(self, op: declare.Op) -> OpResult:
@@ -792,9 +818,13 @@ class _Checker:
             result.detail = f"found: {where}"
         elif v.state == bindings.ABSENT:
             result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
+            hint = ""
             if "." in op.qualname and not v.why and result.module and result.file:
                 hint = self._inherited(tree, result.module, result.file, op.qualname)
                 result.detail += f": {hint}" if hint else ""
+            close = "" if hint else _close_symbol(tree, op.qualname)
+            if close:
+                result.detail += f"; did you mean {close}?"
         else:
             result.status, result.detail = WARN, v.why
 
@@ -836,6 +866,49 @@ class _Checker:
         return bindings.inherited_advice(module, qual, where) if where else ""
 
 
+def _close_symbol(tree: ast.Module, qualname: str) -> str:
+    """The name the module (or the class the qualname goes through) binds closest to
+    ``qualname``'s missing part (difflib), as a qualname; "" when none is close."""
+    import difflib
+
+    body: list[ast.stmt] = tree.body
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        names = _bound_names(body)
+        if part not in names:
+            close = difflib.get_close_matches(part, sorted(names), n=1)
+            return ".".join([*parts[:i], close[0]]) if close else ""
+        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if cls is None:
+            return ""
+        body = cls.body
+    return ""
+
+
+def _bound_names(body: list[ast.stmt]) -> dict[str, None]:
+    """Names the statements of ``body`` bind at their own level (defs, classes, assignments,
+    imports), nested blocks (if / try / with) included."""
+    out: dict[str, None] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = None
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                out.update((n.id, None) for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update(((a.asname or a.name).partition(".")[0], None) for a in node.names)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and not isinstance(node, (
+                    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.update(_bound_names([n for n in inner if isinstance(n, ast.stmt)]))
+                for h in inner:
+                    if isinstance(h, ast.ExceptHandler):
+                        out.update(_bound_names(h.body))
+    return out
+
+
 def _is_plain_value(obj: Any) -> bool:
     """An added value that is neither a function nor a descriptor nor a class (a would-be
     field), as opposed to a method a class can take after it was built."""
@@ -867,17 +940,22 @@ def run(
     environ: dict[str, str] | None = None,
     *,
     source: Source | None = None,
+    every: bool = False,
 ) -> Report:
-    """Check the named patches (all discovered ones when none are named) against ``against``."""
+    """Check patches against ``against``: the named ones; else (``every``) every discovered
+    one; else those on here (the environment's toggles: IMPORTPATCH_ENABLE, defaults), and a
+    name in IMPORTPATCH_ENABLE that no patch has, as a failure."""
     from .sideeffects import watching
 
+    if names and every:
+        raise UsageError("patch names and --all", "give patch names, or --all for every one")
     with watching() as watcher:
-        return _run(names, against, environ, source, watcher)
+        return _run(names, against, environ, source, watcher, every)
 
 
 def _run(
     names: Sequence[str], against: str | None, environ: dict[str, str] | None,
-    source: Source | None, watcher: Any,
+    source: Source | None, watcher: Any, every: bool = False,
 ) -> Report:
     from . import _boot
 
@@ -887,12 +965,14 @@ def _run(
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(
-            f"unknown patch name(s): {', '.join(unknown)}",
+            f"unknown patch name(s): {', '.join(unknown)}" + did_you_mean(unknown, known),
             f"known: {', '.join(sorted(known)) or '(none)'}; see 'importpatch list'",
         )
     src = source if source is not None else open_source(against)
     checker = _Checker(src)
-    chosen = [e for e in entries if not names or e.name in names]
+    scope = "named" if names else "all" if every else "enabled"
+    chosen = [e for e in entries if (e.name in names if names else
+                                     every or toggles.decide_entry(e)[0])]
     sources_of: dict[str, list[str]] = {}
     for e in entries:
         sources_of.setdefault(e.name, []).append(e.source)
@@ -912,7 +992,24 @@ def _run(
     for r in results:
         for op, res in patch_ops[r.name]:
             res.chain = link_of.get(id(op))
-    return Report(src, results, conflicts, chains)
+    if not names:  # a name in IMPORTPATCH_ENABLE that no patch has cannot apply: it fails
+        for name in sorted(toggles.enable - known):
+            results.append(PatchResult(
+                name, "unknown", "", True, f"named in {config.ENABLE}", False, [], status=FAIL,
+                problems=["no patch of this name is discovered here"
+                          + did_you_mean([name], known)]))
+    unchecked = sorted({e.name for e in entries} - {e.name for e in chosen})
+    return Report(src, results, conflicts, chains, scope, unchecked,
+                  list(toggles.choice_problems))
+
+
+def did_you_mean(names: Sequence[str], known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` with the known names closest to ``names`` (difflib), or ""."""
+    import difflib
+
+    pool = sorted(known)
+    close = [c for n in names for c in difflib.get_close_matches(n, pool, n=1)]
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def chains_of(ops: Iterable[tuple[declare.Op, str]],

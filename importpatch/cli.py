@@ -1,10 +1,12 @@
 """The ``importpatch`` command (also ``python -m importpatch``): list, check, diff, status, doctor.
 
     importpatch list                          every discovered patch, on/off and why
-    importpatch check [NAME...] [--against P] dry run against the installed packages or P
+    importpatch check [NAME...|--all] [--against P]  dry run of the patches on here (the named
+                                              ones; --all: every one) against installed or P
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
-    importpatch doctor                        is the start-up hook installed and active here?
+    importpatch doctor                        is the hook installed and active here, and can
+                                              every requested patch apply here?
     importpatch cache [prune|clear]           size of the cache folder; prune or empty it
     importpatch edit MODULE... [--name NAME]  copy modules' source to a work folder (no checkout)
     importpatch save NAME                     write NAME.diff from the work folder's edits
@@ -12,10 +14,13 @@
     importpatch from-git REPO REVS            commits -> ordered diff patches, carried (3-way)
     importpatch capture DIST --name NAME      edits made in site-packages -> NAME.diff
 
-Exit status: 0 all good; 1 a patch would fail (``check``: an enabled or named one; ``diff``: the
-named one), ``doctor`` found a problem or ``rebase`` / ``from-git`` left a conflict; 2 a usage
-error (bad option, unknown patch name, missing path, ``capture`` refused) or an internal error;
-3 ``rebase`` / ``from-git`` without their optional dependency (merge3, GPL: ``pip install
+Exit status: 0 all good; 1 a patch would fail (``check``: any patch it checked — the named ones,
+else those on here, or with ``--all`` every discovered one — fails or is already applied, a named
+one is skipped or absent, a name in IMPORTPATCH_ENABLE is unknown or an IMPORTPATCH_PATH folder
+is missing; ``diff``: the named one), ``doctor`` found a problem (a requested patch that cannot
+apply here included) or ``rebase`` / ``from-git`` left a conflict; 2 a usage error (bad option,
+unknown patch name, missing path, ``capture`` refused) or an internal error; 3 ``rebase`` /
+``from-git`` without their optional dependency (merge3, GPL: ``pip install
 'importpatch-hook[rebase]'``, the hint names the interpreter). Errors are one line on stderr plus
 a hint line, never a traceback (``--traceback`` shows it). Human output fits 100 columns (``diff``
 prints source lines as they are) and is coloured only when stdout is a terminal and NO_COLOR is
@@ -55,11 +60,17 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                                "order": int|null, "decorated": bool|null,
                                "chain": LINK|null}]}],
          "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
-         "chains": [CHAIN] (active patches), "exit_status": 0|1}
+         "chains": [CHAIN] (active patches), "scope": "enabled"|"named"|"all",
+         "unchecked": [str] (discovered, not checked), "problems": [str], "exit_status": 0|1}
+         (an unknown name in IMPORTPATCH_ENABLE is a patch with origin "unknown", status fail)
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
-         "failed": int, "processes": int}}, "bad_lines": int}
+         "failed": int, "processes": int}}, "bad_lines": int,
+         "requested": {name: {"applied_anywhere": bool, "fates": {FATE: int (processes)},
+                              "detail"}}, "never_applied": [name]}
+         FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
+         (a started event also has "requested" and "on": [name])
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
                  "ray_node": "ip:port" of a Ray worker's node, else null,
                  "events": [{"time", "outcome", "patch", "target", "how", "detail",
@@ -250,12 +261,15 @@ def _reason(text: str, requires: str) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from . import check
 
-    report = check.run(args.names, args.against)
+    report = check.run(args.names, args.against, every=args.all)
     if args.json:
         emit_json(report.to_json())
         return report.exit_status
     style = Style(sys.stdout)
-    lines = [f"against: {report.against.label}"]
+    scope = {"named": "the named patches", "all": "every discovered patch (--all)",
+             "enabled": "the patches on here (--all: every discovered patch)"}[report.scope]
+    lines = [f"against: {report.against.label}", f"checked: {scope}"]
+    lines += [f"{style.status('fail', 'problem')}: {p}" for p in report.problems]
     for p in report.patches:
         lines += [""] + check_lines(p, style)
     if report.conflicts:
@@ -265,6 +279,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     for p in report.patches:
         counts[p.status] = counts.get(p.status, 0) + 1
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing to check"
+    if report.unchecked and report.scope == "enabled":
+        lines += ["", f"not checked (off here): {', '.join(report.unchecked)}; "
+                      "'importpatch check --all' checks them too"]
     lines += ["", f"{len(report.patches)} patch(es): {tally}; exit status {report.exit_status}"]
     emit(lines)
     return report.exit_status
@@ -684,7 +701,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for proc in procs.values():
         seen: set[str] = set()
         for ev in proc["events"]:
-            if ev["outcome"] == STARTED:
+            if ev["outcome"] in (STARTED, "unknown", "missing"):  # those: in "requested"
                 continue
             tally = patches.setdefault(
                 ev["patch"],
@@ -696,9 +713,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             if ev["outcome"] == "applied" and ev["patch"] not in seen:
                 seen.add(ev["patch"])
                 tally["processes"] += 1
+    requested = requested_fates(procs)
+    never = sorted(n for n, r in requested.items() if not r["applied_anywhere"])
     if args.json:
         emit_json({"events_dir": os.path.abspath(folder), "processes": roots,
-                   "patches": patches, "bad_lines": bad})
+                   "patches": patches, "requested": requested, "never_applied": never,
+                   "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
     n_events = sum(ev["outcome"] != STARTED for p in procs.values() for ev in p["events"])
@@ -711,10 +731,65 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
                      f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed"
                      + rebound)
+    if never:
+        lines += ["", style.status("fail", "requested but never applied anywhere:")]
+        for name in never:
+            r = requested[name]
+            fates = ", ".join(f"{FATES[f]} in {n}" for f, n in r["fates"].items())
+            lines.append(f"    {name}: {fates}" + (f" ({r['detail']})" if r["detail"] else ""))
     if bad:
         lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
     emit(lines)
     return 0
+
+
+# The fate of a requested patch name in one process (`status`), most telling first.
+FATES = {
+    "applied": "applied",
+    "failed": "failed",
+    "missing": "target module missing",
+    "unknown": "unknown name",
+    "version": "skipped by version",
+    "skipped": "skipped",
+    "not-imported": "not imported here",
+    "off": "switched off here",
+}
+
+
+def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per patch name requested by name in some process (its "started" line's ``requested``),
+    or with an ``unknown`` or ``missing`` event: ``{"applied_anywhere": bool, "fates": {fate:
+    number of processes}, "detail": str}`` (the fates of FATES; ``detail``: the last unknown or
+    missing event's text, with its "did you mean")."""
+    out: dict[str, dict[str, Any]] = {}
+    for proc in procs.values():
+        names: set[str] = set()
+        on: set[str] = set()
+        by_name: dict[str, set[str]] = {}
+        for ev in proc["events"]:
+            if ev["outcome"] == STARTED:
+                names.update(ev.get("requested") or ())
+                on.update(ev.get("on") or ())
+                continue
+            fate = ("version" if ev["outcome"] == "skipped" and ev["how"] == "version"
+                    else ev["outcome"])
+            if fate not in FATES:
+                continue
+            by_name.setdefault(ev["patch"], set()).add(fate)
+            if fate in ("unknown", "missing"):
+                names.add(ev["patch"])
+                row = out.setdefault(ev["patch"], {"applied_anywhere": False, "fates": {},
+                                                   "detail": ""})
+                row["detail"] = ev["detail"]
+        for name in names:
+            fates = by_name.get(name) or ({"not-imported"} if name in on else {"off"})
+            fate = next(f for f in FATES if f in fates)
+            row = out.setdefault(name, {"applied_anywhere": False, "fates": {}, "detail": ""})
+            row["fates"][fate] = row["fates"].get(fate, 0) + 1
+            row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
+    for row in out.values():
+        row["fates"] = {f: row["fates"][f] for f in FATES if f in row["fates"]}
+    return dict(sorted(out.items()))
 
 
 STARTED = "started"  # the line a process writes where the hook is active (events.process_started)
@@ -740,6 +815,11 @@ def read_events(folder: str) -> tuple[dict[tuple[str, int], dict[str, Any]], int
         fields["ray_node"] = ray_node(argv)
         event = {k: ev[k] for k in EVENT_KEYS[5:]} | {"time": ev["time"]}
         event["chain"] = ev.get("chain") if isinstance(ev.get("chain"), dict) else None
+        if ev["outcome"] == STARTED:  # what was asked for by name, and what was on, there
+            for name in ("requested", "on"):
+                value = ev.get(name)
+                if isinstance(value, list):
+                    event[name] = [str(v) for v in value]
         proc = procs.setdefault(key, {
             "host": key[0], "pid": key[1], **fields, "parent_seen": False,
             "events": [], "children": [], "chains": [],
@@ -831,7 +911,8 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
         if ev["outcome"] == STARTED:
             continue
         outcome = style.status(ev["outcome"])
-        text = f"{indent}  {outcome} {ev['patch']} -> {ev['target']} ({ev['how']})"
+        target = f" -> {ev['target']}" if ev["target"] else ""
+        text = f"{indent}  {outcome} {ev['patch']}{target} ({ev['how']})"
         if ev["detail"]:
             text += f": {ev['detail']}"
         link = ev.get("chain")
@@ -897,10 +978,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
            or k == config.CUSTOM_PATCHES}
     warnings += _unknown_vars(env)
     toggles = config.read()
-    warnings += list(toggles.problems)
+    warnings += [p for p in toggles.problems if p not in toggles.choice_problems]
+    problems += list(toggles.choice_problems)  # a requested folder or name that cannot be read
     from . import catalog, compat
 
     warnings += compat.object_target_warnings(catalog.load(toggles), toggles)
+    problems += _cannot_apply_here(warnings)
     if not env:
         notes.append(
             "no IMPORTPATCH_* variable is set here. A launcher that clears the environment (sudo, "
@@ -963,6 +1046,34 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lines.append(f"doctor: {'ok' if ok else f'{len(problems)} problem(s)'}")
     emit(lines)
     return 0 if ok else 1
+
+
+def _cannot_apply_here(warnings: list[str]) -> list[str]:
+    """What the patches on here (and the names asked for) cannot do in this environment: an
+    unknown name, a patch whose declaration does not load, a target module or symbol that does
+    not exist, a diff that does not fit (``importpatch check`` of the patches on here, against
+    the installed packages; a patch skipped by its version requirement or whose package is not
+    installed is no problem)."""
+    from . import check
+
+    try:
+        report = check.run()
+    except Exception as exc:  # noqa: BLE001 (doctor reports; it does not stop)
+        warnings.append(f"could not dry-run the enabled patches: {type(exc).__name__}: {exc}")
+        return []
+    out = []
+    for p in report.patches:
+        if not p.failing:
+            continue
+        if p.origin == "unknown":
+            out.append(f"unknown patch name {p.name} in IMPORTPATCH_ENABLE"
+                       + p.problems[0].removeprefix("no patch of this name is discovered here"))
+            continue
+        why = [*p.problems, *(f"{op.target}: {op.detail}" for op in p.ops
+                              if op.status in (check.FAIL, check.ALREADY_APPLIED))]
+        out.append(f"patch {p.name} cannot apply here: {'; '.join(why) or p.status} "
+                   f"('importpatch check {p.name}' shows more)")
+    return out
 
 
 def _user_site_enabled() -> bool:
@@ -1145,7 +1256,10 @@ def parser() -> argparse.ArgumentParser:
 
     command("list", cmd_list, "every discovered patch, whether it is on and why")
     c = command("check", cmd_check, "dry run: would the patches apply? (imports nothing)")
-    c.add_argument("names", nargs="*", metavar="NAME", help="patches to check (default: all)")
+    c.add_argument("names", nargs="*", metavar="NAME",
+                   help="patches to check (default: the patches on here)")
+    c.add_argument("--all", action="store_true",
+                   help="check every discovered patch, on or off (CI, image builds)")
     c.add_argument("--against", metavar="WHERE",
                    help="a .whl, .tar.gz sdist, source tree, site-packages folder or a release "
                         "NAME==VERSION[:sdist] (cached; default: the installed packages)")

@@ -87,21 +87,32 @@ def _event(outcome: str, patch: str, target: str, how: str, detail: str) -> dict
 
 _started: tuple[int, str] | None = None  # (pid, process name) of the last "started" line written
 _started_detail = ""
+_started_names: dict[str, list[str]] = {}
 _fork_hook = False
 
 
-def process_started(how: str, detail: str | None = None) -> None:
+def process_started(
+    how: str, detail: str | None = None, *, requested: list[str] | None = None,
+    on: list[str] | None = None,
+) -> None:
     """With IMPORTPATCH_EVENTS_DIR set, write a "started" line for this process (patch and target
-    empty; not one of ``events()``): once per process, and once more when a multiprocessing child
-    learns its name (EngineCore_DP0, VllmWorker-0). ``how``: start, late, spawn, fork."""
+    empty; not one of ``events()``): once per process, once more when a multiprocessing child
+    learns its name (EngineCore_DP0, VllmWorker-0), and again when an activation changes what is
+    on. ``how``: start, late, spawn, fork. ``requested``: the names asked for by name
+    (IMPORTPATCH_ENABLE, VLLM_CUSTOM_PATCHES), known or not; ``on``: the patches on here. Both
+    are keys of the line: ``importpatch status`` gives each requested name its fate."""
     global _started, _started_detail, _fork_hook
     folder = _settings()[1]
     if not folder:
         return
+    names = {"requested": requested, "on": on}
+    changed = any(v is not None and v != _started_names.get(k) for k, v in names.items())
+    _started_names.update({k: v for k, v in names.items() if v is not None})
     if detail is not None:
         _started_detail = detail
     event = _event("started", "", "", how, _started_detail)
-    if _started == (event["pid"], event["process"]):
+    event.update(_started_names)
+    if _started == (event["pid"], event["process"]) and not changed:
         return
     _started = (event["pid"], event["process"])
     _append(folder, event)

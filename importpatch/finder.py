@@ -1,10 +1,15 @@
 """The import hook: a ``sys.meta_path`` finder for targeted modules and the loader patching them.
 
 Invariants:
-- ``find_spec`` costs one dict lookup for every module that no enabled patch targets, and never
-  imports anything. For a targeted module it asks the *other* finders on ``sys.meta_path`` for
-  the real spec (never ``importlib.util.find_spec``, which would re-enter this finder and take
-  import locks) and swaps in ``PatchLoader``.
+- ``find_spec`` costs one set and one dict lookup for every module that no enabled patch
+  targets, and never imports anything. For a targeted module it asks the *other* finders on
+  ``sys.meta_path`` for the real spec (never ``importlib.util.find_spec``, which would re-enter
+  this finder and take import locks) and swaps in ``PatchLoader``.
+- At the first import of a targeted top-level package (``import vllm``), before any of its code
+  runs, every enabled patch's target modules are looked up (found, not imported) under the
+  package's folders: a module none of whose candidates exists there (a typo in the target,
+  a module that moved) is a warning once per process and a ``missing`` event, and under strict
+  mode a ``StrictError`` at that import and every later one (``importpatch/lookup.py``).
 - The loader reads, patches, compiles and executes the source itself: it never reads or writes
   the target package's ``__pycache__`` (a stale .pyc would silently skip the patch; a patched one
   written there would poison later unpatched runs). Its own bytecode cache lives elsewhere.
@@ -130,6 +135,8 @@ class PatchFinder:
                     handles = self.by_module.setdefault(name, [])
                     if entry not in handles:
                         handles.append(entry)
+        # Top-level packages whose target modules are not looked up yet (see the docstring).
+        self.unchecked = {m.partition(".")[0] for m in self.by_module}
 
     def __repr__(self) -> str:
         return f"<importpatch.PatchFinder {sorted(e.name for e in self.entries)}>"
@@ -137,6 +144,8 @@ class PatchFinder:
     def find_spec(
         self, fullname: str, path: Any = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
+        if fullname in self.unchecked:
+            self._check_top(fullname, path, target, None)
         entries = self.by_module.get(fullname)
         if entries is None:
             return None
@@ -175,6 +184,23 @@ class PatchFinder:
             if spec is not None:
                 return spec  # type: ignore[no-any-return]
         return None
+
+    def _check_top(self, top: str, path: Any, target: Any, module: ModuleType | None = None,
+                   strict: bool | None = None) -> None:
+        """The look-up of the target modules under package ``top`` (importpatch/lookup.py,
+        loaded only here: a process that imports no targeted package never loads it)."""
+        self.unchecked.discard(top)
+        from .lookup import check_top
+
+        # here <- find_spec <- importlib._bootstrap._find_spec <- its caller
+        check_top(self, top, path, target, module, strict, sys._getframe(3))
+
+    def check_imported_tops(self, strict: bool) -> None:
+        """At a late activation: the look-up for target packages already imported."""
+        for top in sorted(self.unchecked):
+            module = sys.modules.get(top)
+            if module is not None:
+                self._check_top(top, None, None, module, strict)
 
     # importlib.invalidate_caches() calls this on every meta path finder.
     def invalidate_caches(self) -> None:

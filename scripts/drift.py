@@ -12,7 +12,7 @@ into the cache). Each release is downloaded once (``importpatch.releases``: whic
 index, verified against its sha256, never a partial one) into importpatch's releases folder,
 ``$IMPORTPATCH_CACHE_DIR/releases``, by default ``~/.cache/importpatch/releases`` (the one
 ``importpatch rebase`` uses), or ``$IMPORTPATCH_DRIFT_CACHE``: about 5 GB for the defaults,
-delete it at will. Then ``python -m importpatch check --against FILE --json`` checks every
+delete it at will. Then ``python -m importpatch check --all --against FILE --json`` checks every
 discovered patch against it without installing or importing it. A second run reads the cache and
 needs no network. The index is ``--index-url``, else pip's own (``PIP_INDEX_URL``, ``pip
 config``), else PyPI; ``NAME==VERSION:sdist`` asks for the sdist.
@@ -158,7 +158,8 @@ def check_env(*folders: str | None) -> dict[str, str]:
 
 
 def check(artifact: Path, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "importpatch", "check", "--against", str(artifact), "--json"]
+    cmd = [sys.executable, "-m", "importpatch", "check", "--all", "--against", str(artifact),
+           "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode not in (0, 1):
         raise fail(f"importpatch check on {artifact.name} failed:\n{proc.stderr.strip()}")

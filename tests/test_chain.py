@@ -111,7 +111,7 @@ def test_check_shows_the_chain_in_text_and_json(lab: Lab) -> None:
 
 
 def test_a_patch_that_is_off_is_not_in_the_chain(lab: Lab) -> None:
-    report = json.loads(lab.ok([str(lab.venv.script("importpatch")), "check", "--json"],
+    report = json.loads(lab.ok([str(lab.venv.script("importpatch")), "check", "--all", "--json"],
                                enable="alpha,zeta").stdout)
     (chain,) = report["chains"]
     assert links(chain["links"]) == [("wrap", "zeta", -10, False), ("wrap", "alpha", 0, False)]

@@ -475,17 +475,21 @@ def test_check_two_enabled_patches_replacing_one_symbol_conflict(
     assert report["conflicts"] == [] and by_name(report, "rep-a")["status"] == "ok"
 
 
-def test_check_exit_status_counts_enabled_or_named_patches_only(
+def test_check_exit_status_counts_every_patch_it_checked(
     wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path]
 ) -> None:
     against = ("--against", str(artifacts["wheel"]))
-    off = ip(wheel_venv, "check", *against, env=env)
-    assert off.returncode == 0, off.stdout  # stale-hunk and renamed fail, but they are off
-    assert "stale-hunk  FAIL  [off: off by default]" in off.stdout
+    off = ip(wheel_venv, "check", *against, env=env)  # by default the patches on here: none
+    assert off.returncode == 0, off.stdout
+    assert "stale-hunk" not in off.stdout.partition("not checked")[0]  # not shown as FAIL
+    assert "0 patch(es): nothing to check; exit status 0" in off.stdout
     assert_fits(off.stdout)
     on = ip(wheel_venv, "check", *against, env={**env, "IMPORTPATCH_ENABLE": "stale-hunk"})
     assert on.returncode == 1
     assert on.stdout.rstrip().endswith("exit status 1")
+    every = ip(wheel_venv, "check", "--all", *against, env=env)  # stale-hunk, renamed: off, fail
+    assert every.returncode == 1 and "stale-hunk  FAIL  [off: off by default]" in every.stdout
+    assert_fits(every.stdout)
 
 
 def test_check_target_package_missing_is_absent_not_failed(

@@ -204,7 +204,7 @@ def test_check_warns_about_module_level_code_that_does_more_than_declare(lab: La
     out = lab.root / "written"
     out.mkdir()
     env = {"WRITE_TO": str(out)}
-    report = json.loads(lab.ok(["-m", "importpatch", "check", "--json"], enable=None,
+    report = json.loads(lab.ok(["-m", "importpatch", "check", "--all", "--json"], enable=None,
                                env=env).stdout)
     warnings = {p["name"]: p["warnings"] for p in report["patches"] if p["origin"] == "folder"}
     assert warnings["clean"] == []
@@ -216,7 +216,7 @@ def test_check_warns_about_module_level_code_that_does_more_than_declare(lab: La
     (does,) = warnings["runner"]
     assert "runs " in does and "looks up 'localhost'" in does
     assert report["exit_status"] == 0  # warnings do not fail check
-    human = lab.ok(["-m", "importpatch", "check"], enable=None, env=env).stdout
+    human = lab.ok(["-m", "importpatch", "check", "--all"], enable=None, env=env).stdout
     assert "    warning   its module-level code imports heavy_dep" in human
 
 

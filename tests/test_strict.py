@@ -76,10 +76,20 @@ def test_strict_typo_stops_the_import_of_a_targeted_package_with_the_warnings_me
 
 
 def test_strict_never_stops_a_process_that_imports_no_targeted_package(lab: Lab) -> None:
-    for args in ("import json, wpkg.mod; print('ok')", ["-m", "pip", "--version"],
+    # An unknown name's targets are unknown: any package outside the standard library may be
+    # one (tests/test_accounting.py); the standard library, pip and importpatch still run.
+    for args in ("import json, csv; print('ok')", ["-m", "pip", "--version"],
                  ["-m", "importpatch", "list"]):
         proc = lab.ok(args, enable="p-onee", env=STRICT)
         assert "p-onee" in proc.stderr  # the warning still says what is wrong
+    # A broken patch whose targets are known stops only those (tpkg), not wpkg.
+    lab.patch({"raising.py": '''
+        from importpatch import Patch
+        Patch("raising").replace("tpkg.mod:one", lambda: "patched")
+        raise RuntimeError("boom at declaration time")
+        '''})
+    assert lab.ok("import json, wpkg.mod; print('ok')", enable="raising",
+                  env=STRICT).stdout == "ok\n"
 
 
 def test_strict_with_good_names_changes_nothing(lab: Lab) -> None:

@@ -294,7 +294,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, model_dir: str, ports: Path) -
     return {"result": json.loads(line[len("RESULT: "):]), "tmp": tmp, "env": env,
             "seen": observations(tmp),
             "status": importpatch_json(env, "status", "--events-dir", str(tmp / "events")),
-            "check": importpatch_json(env, "check"),
+            "check": importpatch_json(env, "check", *LLM_PORTS.split(","), "port-add-mistake"),
             "diff": importpatch_json(env, "diff", "port-banned-tokens")}
 
 
