@@ -112,15 +112,21 @@ def settle(obj: Any, module: str, qualname: str, named: set[int]) -> Any:
     ``named``) inside a property is named ``Class.prop.fget``, which pickle resolves; a wrapper
     becomes a ``HiddenWrapper`` (see ``importpatch.wrappers``). Anything else is returned as
     it is."""
+    wrappers = sys.modules.get("importpatch.wrappers")  # no wrapper exists before it is imported
+    if type(obj) is staticmethod:
+        made = None if wrappers is None else wrappers.restaff(obj.__func__, module, qualname)
+        return obj if made is None else staticmethod(made)
     parts = _PARTS.get(type(obj))
     if parts is None:
         return obj
-    wrappers = sys.modules.get("importpatch.wrappers")  # no wrapper exists before it is imported
     values: dict[str, Any] = {}
     rebuilt = False
     for attr in parts:
         func = getattr(obj, attr)
-        if wrappers is not None and type(func) is wrappers.TargetWrapper:
+        if hasattr(func, "_importpatch_wrap") and getattr(
+                func, "__qualname__", None) == qualname:  # a wrap (a Python function)
+            func.__qualname__ = f"{qualname}.{attr}"
+        elif wrappers is not None and type(func) is wrappers.TargetWrapper:
             func = wrappers.HiddenWrapper(func.__wrapped__, func._self_wrapper, (module, qualname))
             rebuilt = True
         elif type(obj) is property and id(func) in named and getattr(
