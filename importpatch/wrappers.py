@@ -108,7 +108,7 @@ class ClassWrapper(TargetWrapper):
     a compiled caller breaks the graph at the call (the wrap runs), and under ``fullgraph=True``
     Dynamo says it cannot trace ``ClassWrapper.__call__``."""
 
-    @property  # type: ignore[misc]
+    @property
     def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
         return dict(vars(self.__wrapped__))
 

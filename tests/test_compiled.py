@@ -157,7 +157,7 @@ p.diff("""\\
  def diffed(x):
 -    return x + 1
 +    return x + 4
- 
+\\x20
 """)
 
 
@@ -264,3 +264,94 @@ def test_every_kind_of_patch_is_the_same_compiled_as_eager(lab: Path, backend: s
     got = {name: (eager, compiled) for name, (eager, compiled) in out.items()}
     assert got == {name: ([value] * 2, [value] * 2) for name, value in EXPECTED.items()}
     assert "ClassWrapper" in refused and "__call__" in refused, refused
+
+
+# -- Real vLLM: LLM() compiling the model (no enforce_eager) -----------------------------------
+
+VLLM_PATCH = '''\
+from importpatch import Patch
+
+p = Patch("compiled-llama")
+
+
+@p.wrap("vllm.model_executor.models.llama:LlamaMLP.forward")
+def mlp(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) * 1.5
+
+
+@p.replace("vllm.model_executor.models.llama:LlamaAttention.forward", original=True)
+def attention(original, self, positions, hidden_states):
+    return original(self, positions, hidden_states) * 0.5
+'''
+
+DRIVER = '''\
+import json, os, sys
+
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=sys.argv[1], enforce_eager=sys.argv[2] == "eager", dtype="float32",
+              max_model_len=256)
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=1)
+    outs = llm.generate(["the capital of france is", "hello world my name is"], params,
+                        use_tqdm=False)
+    print("RESULT " + json.dumps({
+        "pid": os.getpid(),
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
+                                                       o.outputs[0].logprobs)] for o in outs],
+    }))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(missing("vllm"), reason="vLLM is not importable here (tox -e vllm)")
+def test_vllm_compiled_model_runs_the_wrap_and_the_replacement(tmp_path: Path) -> None:
+    """A wrap (LlamaMLP.forward) and a replace(original=True) (LlamaAttention.forward) in the
+    model's forward, in vLLM's spawned Worker: LLM() compiling the model (vLLM's torch.compile,
+    inductor on CPU) gives what the same patches give under enforce_eager, and not what vLLM
+    gives unpatched. Before, the wrap made LLM() fail to start unless enforce_eager."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demo"))
+    from tiny_model import build_tiny_llama
+
+    model = str(build_tiny_llama(tmp_path / "tiny-llama"))
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "compiled_llama.py").write_text(VLLM_PATCH)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    results = {}
+    for label, mode, enable in (("compiled", "compile", "compiled-llama"),
+                                ("eager", "eager", "compiled-llama"),
+                                ("unpatched", "eager", "")):
+        run = tmp_path / label
+        (run / "tmp").mkdir(parents=True)
+        env = clean_env({
+            "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CACHE_ROOT": str(run / "vllm-cache"), "TMPDIR": str(run / "tmp"),
+            "IMPORTPATCH_CACHE_DIR": str(run / "importpatch-cache"),
+            "IMPORTPATCH_EVENTS_DIR": str(run / "events"),
+            "IMPORTPATCH_PATH": str(tmp_path / "patches"), "IMPORTPATCH_ENABLE": enable,
+        })
+        proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), model, mode],
+                              env=env, capture_output=True, text=True, timeout=900, cwd=run)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        results[label] = json.loads(line[len("RESULT "):])
+        if label == "compiled":  # vLLM did compile the model (its torch.compile cache)
+            compiled = list((run / "vllm-cache").rglob("torch_compile_cache"))
+            assert compiled, sorted(p.name for p in (run / "vllm-cache").rglob("*"))[:50]
+        if enable:  # both patches applied in the spawned Worker (not in this driver)
+            events = [json.loads(x) for f in (run / "events").glob("*.jsonl")
+                      for x in f.read_text().splitlines()]
+            applied = {(e["target"], e["pid"]) for e in events if e["outcome"] == "applied"}
+            driver = results[label]["pid"]
+            targets = {t for t, pid in applied if pid != driver}
+            assert {"vllm.model_executor.models.llama:LlamaMLP.forward",
+                    "vllm.model_executor.models.llama:LlamaAttention.forward"} <= targets
+    compiled, eager, unpatched = (results[k] for k in ("compiled", "eager", "unpatched"))
+    assert compiled["tokens"] == eager["tokens"]
+    for got, want in zip(compiled["logprobs"], eager["logprobs"], strict=True):
+        assert got == pytest.approx(want, abs=1e-3)
+    # unpatched differs: other tokens, or the same tokens with other log-probabilities
+    assert unpatched["tokens"] != eager["tokens"] or any(
+        abs(a - b) > 1e-2 for u, e in zip(unpatched["logprobs"], eager["logprobs"], strict=True)
+        for a, b in zip(u, e, strict=True)), (unpatched, eager)
