@@ -7,9 +7,13 @@ starts EngineCore and its Workers that way (``Process(target=EngineCoreProc.run_
 So everything installed at a target pickles by reference to **the target's own module and
 qualified name**, and the receiving process resolves its own, patched, object:
 
-- wraps are ``importpatch.wrappers.TargetWrapper`` objects (wrapt's ``FunctionWrapper`` with
-  ``__reduce_ex__``, whose plain proxy refuses to pickle), bound wrappers alike; a wrapper bound
-  to an instance pickles as ``getattr(instance, name)``, as a bound method does;
+- a wrap of a Python function is a generated Python function named as the target (a
+  classmethod's ``Class.m.__func__``, a property getter's ``Class.p.fget``: the names pickle
+  resolves to that very object), so it pickles as any function does; other wraps (a class, a
+  builtin, a callable object) are ``importpatch.wrappers.TargetWrapper`` objects (wrapt's
+  ``FunctionWrapper`` with ``__reduce_ex__``, whose plain proxy refuses to pickle), bound
+  wrappers alike; a wrapper bound to an instance pickles as ``getattr(instance, name)``, as a
+  bound method does;
 - a function or class that a discovered patch (a file of an ``IMPORTPATCH_PATH`` folder, a
   built-in or an installed patch package) defines and installs at a target (``replace``,
   ``add``) takes the target's ``__module__``, ``__qualname__`` and ``__name__``, its methods and
@@ -27,8 +31,9 @@ qualified name**, and the receiving process resolves its own, patched, object:
   resolve (the original getter, named ``Class.prop``, cannot be pickled by reference at all); a
   wrapper there, or in a classmethod, does not claim to be a function (``settle``).
 
-Invariants: nothing here runs per call but wrapt's wrapper and the stand-in of
-``replace(original=True)`` (one Python call). cloudpickle pickles a "function" by reference only
+Invariants: nothing here runs per call but the wraps (one Python call before the wrapper;
+wrapt's C proxy for the others) and the stand-in of ``replace(original=True)`` (one Python
+call). cloudpickle pickles a "function" by reference only
 when looking it up by name finds the very object, and otherwise sends its code by value (the
 original's code, for a wrapper: silently unpatched); so a wrapper that no name finds
 (``Class.method``, which wrapt binds anew at each access, a property's getter, a classmethod's

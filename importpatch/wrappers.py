@@ -1,7 +1,9 @@
-"""The wrappers of ``Patch.wrap``: wrapt's ``FunctionWrapper`` (chosen over a hand-written closure:
-it keeps signature, ``__wrapped__``, ``__name__``, ``__doc__`` and the descriptor behaviour of
-methods, staticmethods, classmethods and properties, in C) with pickling by reference to the
-target it is installed at (see ``importpatch.objects``). wrapt's own proxies refuse to pickle
+"""The wrappers of ``Patch.wrap``. A Python function (a module function, a method, the function
+of a staticmethod, classmethod or property) is wrapped by a generated Python function
+(``wrapping``), which ``torch.compile`` traces; anything else (a class, a builtin, a callable
+object) by wrapt's ``FunctionWrapper`` (it binds at each call and keeps signature,
+``__wrapped__``, ``__name__``, ``__doc__``, in C) with pickling by reference to the target it
+is installed at (see ``importpatch.objects``). wrapt's own proxies refuse to pickle
 (``object proxy must define __reduce_ex__()``). Imported only where something is wrapped.
 """
 
