@@ -10,8 +10,10 @@ unpatched -- and could not trace a wrapped method at all (``__call__`` of ``_Bou
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -323,16 +325,21 @@ def test_vllm_compiled_model_runs_the_wrap_and_the_replacement(tmp_path: Path) -
                                 ("eager", "eager", "compiled-llama"),
                                 ("unpatched", "eager", "")):
         run = tmp_path / label
-        (run / "tmp").mkdir(parents=True)
+        run.mkdir()
+        # vLLM's IPC sockets live in TMPDIR: a path of at most 107 characters
+        ipc = tempfile.mkdtemp(prefix="ipc-", dir="/tmp")
         env = clean_env({
             "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CACHE_ROOT": str(run / "vllm-cache"), "TMPDIR": str(run / "tmp"),
+            "VLLM_CACHE_ROOT": str(run / "vllm-cache"), "TMPDIR": ipc,
             "IMPORTPATCH_CACHE_DIR": str(run / "importpatch-cache"),
             "IMPORTPATCH_EVENTS_DIR": str(run / "events"),
             "IMPORTPATCH_PATH": str(tmp_path / "patches"), "IMPORTPATCH_ENABLE": enable,
         })
-        proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), model, mode],
-                              env=env, capture_output=True, text=True, timeout=900, cwd=run)
+        try:
+            proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), model, mode],
+                                  env=env, capture_output=True, text=True, timeout=900, cwd=run)
+        finally:
+            shutil.rmtree(ipc, ignore_errors=True)
         assert proc.returncode == 0, proc.stderr[-6000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
         results[label] = json.loads(line[len("RESULT "):])
