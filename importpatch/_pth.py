@@ -62,16 +62,25 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
             # mtime alone is shared by site folders that tar, cp -a or a reproducible build
             # made: ctime (set by the kernel, never copied) and inode tell them apart.
             st = os.stat(sitedir)
-            stamp = (f"/{cache}/importpatch/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-"
-                     f"{len(sys.path)}")
+            base = f"/{cache}/importpatch"
+            stamp = f"{base}/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{len(sys.path)}"
+            # Only a regular file of ours, in folders of ours that no one else can write, is a
+            # stamp: not a FIFO, /dev/zero, another user's file or link in a shared
+            # XDG_CACHE_HOME (lstat: what the link IS, not what it points to); else the hook
+            # starts and decides (and says). Three lstat calls, no open.
+            uid = getattr(os, "getuid", int)()
+            size = -1
             try:
-                st = os.stat(stamp)
-                # Only a regular file of ours is a stamp (not a FIFO, /dev/zero, another user's
-                # file in a shared XDG_CACHE_HOME): else the hook starts and decides (and says).
-                ours = st.st_uid == getattr(os, "getuid", int)()
-                size = st.st_size if ours and st.st_mode & 0o170000 == 0o100000 else -1
+                for folder in (base, base + "/s"):
+                    st = os.lstat(folder)
+                    if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
+                        break  # not a folder (a link), another user's, or writable by others
+                else:
+                    st = os.lstat(stamp)
+                    if st.st_uid == uid and st.st_mode & 0o170000 == 0o100000:
+                        size = st.st_size
             except OSError:
-                size = -1
+                pass
             if size == 0:
                 return
             tops: frozenset = frozenset()  # type: ignore[type-arg]

@@ -563,11 +563,14 @@ def test_a_pythonpath_folder_that_appears_after_the_stamp_is_seen(
         assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
 
 
+@pytest.mark.parametrize("planted_as", ["file", "symlink"])
 def test_a_stamp_another_user_planted_is_not_trusted(
-    venv_factory: Callable[..., Venv], built_wheel: Path, wheel_venv: Venv, tmp_path: Path
+    venv_factory: Callable[..., Venv], built_wheel: Path, wheel_venv: Venv, tmp_path: Path,
+    planted_as: str,
 ) -> None:
     # XDG_CACHE_HOME on a shared folder: another user made importpatch/s/ before us and put an
-    # empty stamp named for our site folder there. The hook refuses that cache (not ours), and
+    # empty stamp named for our site folder there (a file, or a link to an empty file of ours such
+    # as /etc/subgid, which stat() would believe). The hook refuses that cache (not ours), and
     # the .pth line must not take that stamp's word that nothing is on.
     import pwd
 
@@ -585,10 +588,16 @@ def test_a_stamp_another_user_planted_is_not_trusted(
     st = venv.site_packages.stat()
     path_len = written.name.rsplit("-", 1)[1]
     planted = written.with_name(f"{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{path_len}")
-    written.rename(planted)
     nobody = pwd.getpwnam("nobody").pw_uid
+    if planted_as == "file":
+        written.rename(planted)
+    else:
+        empty = tmp_path / "empty-file-of-ours"
+        empty.write_bytes(b"")
+        written.unlink()
+        planted.symlink_to(empty)
     for p in (planted, planted.parent, planted.parent.parent):
-        os.chown(p, nobody, -1)
+        os.chown(p, nobody, -1, follow_symlinks=False)
     proc = venv.run(read, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
     assert "owned by another user" in proc.stderr
