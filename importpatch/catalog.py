@@ -146,7 +146,13 @@ def _folders(toggles: config.Toggles) -> list[tuple[str, str]]:
     builtin = builtin_folder()
     if builtin:
         out.append(("builtin", builtin))
-    out.extend(("folder", os.path.abspath(p)) for p in toggles.path if os.path.isdir(p))
+    # One folder named twice (itself and a link to it, or a path with "..") is scanned once.
+    seen = {os.path.realpath(builtin)} if builtin else set()
+    for p in toggles.path:
+        real = os.path.realpath(p)
+        if os.path.isdir(p) and real not in seen:
+            seen.add(real)
+            out.append(("folder", os.path.abspath(p)))
     return out
 
 
@@ -241,6 +247,7 @@ def load_index(toggles: config.Toggles) -> Index:
     started = time.time_ns()
     entries, watched, entry_points, imported_by = scan(index.folders, index.dirs, index.user_site)
     _flag_imported_targets(entries, imported_by)
+    _flag_duplicate_names(entries)
     index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
     sig = signature(index.watched)
     if not is_racy(sig, started) and index.path is not None:
@@ -400,6 +407,7 @@ def _scan(
     entries: list[Entry] = []
     watched: list[str] = []
     imported_by: dict[str, str] = {}
+    files_seen: set[tuple[int, int]] = set()  # (device, inode): a hard-linked copy is one file
     for origin, folder in folders:
         watched.append(folder)
         try:
@@ -414,6 +422,14 @@ def _scan(
                 continue
             file = os.path.join(folder, fname)
             watched.append(file)
+            try:
+                st = os.stat(file)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                if (st.st_dev, st.st_ino) in files_seen:
+                    continue  # the same file reached again: one patch, declared once
+                files_seen.add((st.st_dev, st.st_ino))
             entries.extend(_entries_of_file(origin, file, imported_by))
     watched.extend(dirs)
     if user_site and user_site not in dirs:
@@ -454,6 +470,26 @@ def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) ->
             "it (or import it inside the replacement), and declare targets as strings"
         )
         e._patch = None
+
+
+def _flag_duplicate_names(entries: list[Entry]) -> None:
+    """Two different sources declaring one patch name: both are broken, and the message names
+    both (enabling the name would apply two patches no one can tell apart). The same file reached
+    twice was scanned once (see _scan)."""
+    sources: dict[str, list[str]] = {}
+    for e in entries:
+        known = sources.setdefault(e.name, [])
+        if e.source not in known:
+            known.append(e.source)
+    for e in entries:
+        others = sources[e.name]
+        if len(others) > 1:
+            e.error = (
+                f"patch name {e.name!r} is declared by {len(others)} different sources: "
+                f"{' and '.join(others)}; rename one of them (or remove one from "
+                f"{config.PATH}, or uninstall one package)"
+            )
+            e._patch = None
 
 
 _loaded_files: dict[str, list[Patch]] = {}
@@ -685,12 +721,16 @@ def load_patch(entry: Entry) -> Patch:
     raise RuntimeError(f"{entry.source} no longer declares a patch named {entry.name!r}")
 
 
+# Errors that running the declaration again cannot clear (or must not risk: a hang).
+NOT_RETRIED = ("patch code imports", "patch name ")
+
+
 def retry_declaration(entry: Entry) -> None:
     """Late activation only: run a declaration recorded as broken once more, since its failure
     may have been the environment's (a variable set later, a file written later). Success clears
     the error in this process only; the index keeps it until the source changes, so a start never
     re-executes it. A declaration that imports its own target stays refused."""
-    if not entry.error or not entry.file or entry.error.startswith("patch code imports"):
+    if not entry.error or not entry.file or entry.error.startswith(NOT_RETRIED):
         return
     try:
         patches = _load_file(entry.file)
