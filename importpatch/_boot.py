@@ -53,6 +53,8 @@ def start(sitedir: str | None = None) -> None:
     try:
         from . import config
 
+        if os.environ.pop(config.SCANNER, None) is not None:
+            return  # the process that builds its parent's index (catalog.scan_bounded)
         if config.DISCOVERING in os.environ:
             # Started by patch code while another process ran its declarations in discovery:
             # discovering here too would start the next one, without end. Stay unpatched.

@@ -636,3 +636,67 @@ def test_real_ctrl_c_during_discovery_stops_python_and_writes_nothing(lab: Lab) 
     proc = lab.ok(READ, enable="slow")
     assert proc.stdout.strip() == "patched"
     assert counter.read_text().splitlines() == ["ran", "ran", "ran"]  # scan again, then at import
+
+
+SPIN = """\
+with open({counter!r}, "a") as f:
+    f.write("ran\\n")
+while True:
+    pass
+"""
+
+
+def test_a_declaration_that_never_returns_is_recorded_broken_and_not_run_again(lab: Lab) -> None:
+    # `while True: pass` in a declaration hung every start (python -c pass, pip, importpatch list
+    # and doctor). Now it is cut off after IMPORTPATCH_DISCOVERY_TIMEOUT, warned about like one
+    # that raises, recorded in the index, and not run again until it changes.
+    counter = lab.root / "executions"
+    lab.patch({"spin.py": SPIN.format(counter=str(counter)), "good.py": """
+        from importpatch import Patch
+        Patch("good").replace("tpkg.mod:f", lambda: "patched")
+        """})
+    time.sleep(0.1)  # not racy: the index is written
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": "2"}
+    proc = lab.run(READ, enable="good", env=env, timeout=90)
+    assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    (warning,) = [w for w in warnings_of(proc.stderr) if "spin" in w]
+    assert "did not finish" in warning and "IMPORTPATCH_DISCOVERY_TIMEOUT" in warning, warning
+    assert counter.read_text().splitlines() == ["ran"]
+    for args in (["-c", "pass"], ["-m", "importpatch", "list"], ["-m", "importpatch", "doctor"],
+                 ["-m", "pip", "--version"]):
+        proc = lab.run(args, enable=None, env=env, timeout=90)
+        assert proc.returncode in (0, 1) and not proc.stderr.count("Traceback"), proc.stderr
+    assert counter.read_text().splitlines() == ["ran"]  # never run again
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None).stdout)
+    (row,) = [r for r in listed["patches"] if r["source"].endswith("spin.py")]
+    assert "did not finish" in row["error"]
+    # Changed, it is run again (and now declares).
+    (lab.patches / "spin.py").write_text(
+        "from importpatch import Patch\nPatch('spin').replace('tpkg.mod:g', lambda: 'spun')\n")
+    time.sleep(0.1)
+    proc = lab.ok("import tpkg.mod; print(tpkg.mod.g())", enable="spin", env=env)
+    assert proc.stdout.strip() == "spun" and not warnings_of(proc.stderr), proc.stderr
+
+
+def test_a_patch_package_whose_import_never_returns_does_not_hang_start(
+    lab: Lab, tmp_path: Path
+) -> None:
+    # The same for a package of patches (entry point) that declares a patch on by default: the
+    # start of `python -c pass` with no variable that enables anything.
+    from coreutil import install_dist
+
+    counter = lab.root / "executions"
+    install_dist(lab.venv, lab.targets, "spinpkg", "0.1.0", {
+        "spinpkg/__init__.py": "from importpatch import Patch\n"
+                               "Patch('spun', default=True).replace('tpkg.mod:g', "
+                               "lambda: 'spun')\n" + SPIN.format(counter=str(counter)),
+    }, top_level=["spinpkg"], entry_points="[importpatch.patches]\nspin = spinpkg\n")
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": "2", "IMPORTPATCH_PATH": None}
+    for _ in range(2):
+        proc = lab.run("pass", enable=None, env=env, timeout=90)
+        assert proc.returncode == 0, proc.stderr
+        assert any("did not finish" in w for w in warnings_of(proc.stderr)), proc.stderr
+    assert counter.read_text().splitlines() == ["ran"]
+    proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable=None, env=env, timeout=90)
+    assert "spun" not in proc.stdout
