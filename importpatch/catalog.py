@@ -477,9 +477,9 @@ def scan_bounded(
         if outcome is None:  # no child process here: scan in this one, without a limit
             return (*scan(folders, dirs, user_site), True)
         if len(outcome) == 4:
-            entries, watched, entry_points, imported_by = outcome  # type: ignore[misc]
+            entries, watched, entry_points, imported_by = outcome
             return entries, watched, entry_points, imported_by, False
-        source, why = outcome  # type: ignore[misc]
+        source, why = outcome
         if source is None or source in skipped:
             raise RuntimeError(f"discovery of patches {why} (not in a declaration); "
                                f"{config.DISCOVERY_TIMEOUT} sets the limit")
@@ -582,7 +582,7 @@ def _scan_in_child(
 
 def _scan_child(from_parent: int, to_parent: int) -> None:
     """The child's side of ``_scan_in_child``: scan as asked, report, exit."""
-    import _signal  # type: ignore[import-not-found]
+    import _signal
     import threading
 
     global _progress
@@ -606,13 +606,13 @@ def _scan_child(from_parent: int, to_parent: int) -> None:
     _skipped.update(skipped)
     _progress = lambda kind, source: _write_all(to_parent, _frame((kind, source)))  # noqa: E731
     entries, watched, entry_points, imported_by = scan(
-        [tuple(f) for f in folders], list(dirs), user_site)  # type: ignore[misc]
+        [tuple(f) for f in folders], list(dirs), user_site)
     _progress = None
+    import contextlib
+
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):  # patch code may have closed or replaced it
             stream.flush()
-        except Exception:  # noqa: BLE001,S110 (patch code may have closed or replaced it)
-            pass
     _write_all(to_parent, _frame(("done", tuple(e.as_tuple() for e in entries), tuple(watched),
                                   entry_points, imported_by)))
     os._exit(0)  # not the exit handlers or threads that patch code left behind
