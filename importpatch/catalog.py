@@ -265,7 +265,8 @@ def load_index(toggles: config.Toggles) -> Index:
     for e in entries:
         if e.file:
             e._patch = None
-    chosen = {m for e in entries if e.error and toggles.decide_entry(e)[0]
+    # (Scanned here: a target another declaration imported would stay loaded unpatched.)
+    chosen = {m for e in entries if toggles.decide_entry(e)[0]
               for group in e.modules for m in group}
     for name in list(imported_by) if here else ():
         if name in chosen or any(name.startswith(m + ".") for m in chosen):
@@ -653,17 +654,20 @@ class _NewModules:
 
 
 def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) -> None:
+    """A patch whose own declaration imports a module it targets is broken. Only its own: the
+    patches of other sources on that module still land at its definition site (discovery runs
+    in a child process, and a warm process imports the package at fault only when it is used)."""
     for e in entries:
-        hits = [(m, imported_by[m]) for group in e.modules for m in group if m in imported_by]
+        hits = [(m, imported_by[m]) for group in e.modules for m in group
+                if imported_by.get(m) in (e.source, e.file)]
         if not hits or (e.error and e.error.startswith("patch code imports")):
             continue
         module, by = hits[0]
-        own = by in (e.source, e.file)
         e.error = (
             f"patch code imports {module}, which {e.name} patches, while it is declared "
-            f"({'its own declaration' if own else by} imports it): in the first process after a "
-            f"change {module} would load unpatched. Move the import into the function that uses "
-            "it (or import it inside the replacement), and declare targets as strings"
+            f"({by} imports it): in the first process after a change {module} would load "
+            "unpatched. Move the import into the function that uses it (or import it inside the "
+            "replacement), and declare targets as strings"
         )
         e._patch = None
 
