@@ -700,3 +700,91 @@ def test_a_patch_package_whose_import_never_returns_does_not_hang_start(
     assert counter.read_text().splitlines() == ["ran"]
     proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable=None, env=env, timeout=90)
     assert "spun" not in proc.stdout
+
+
+@pytest.mark.parametrize("broken", ["_boot.py", "config.py"])
+def test_patches_enabled_while_importpatch_cannot_load_fail_closed(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path, broken: str
+) -> None:
+    # A reinstall in progress (pip removed or has not yet written a module) or a broken install:
+    # the hook cannot start. With patches enabled, the import of what they target fails with the
+    # reason instead of running unpatched with exit 0; unrelated imports still work.
+    venv = venv_factory(str(built_wheel), name=f"broken-install-{broken[:-3]}")
+    lab = Lab(venv, tmp_path).target(TARGET)
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    assert lab.ok(READ, enable="p").stdout.strip() == "patched"  # a healthy start first
+    module = venv.site_packages / "importpatch" / broken
+    if broken == "_boot.py":
+        module.unlink()  # not there yet
+    else:
+        module.write_text("raise ImportError('half-written')\n")
+    for cached in (venv.site_packages / "importpatch" / "__pycache__").glob(
+            broken[:-3] + ".*.pyc"):
+        cached.unlink()
+    proc = lab.run(READ, enable="p")
+    assert proc.returncode != 0 and "patched" not in proc.stdout and "orig" not in proc.stdout
+    assert "fails closed rather than run unpatched" in proc.stderr, proc.stderr
+    assert "IMPORTPATCH_OFF=1" in proc.stderr
+    proc = lab.run("import vllm", enable="p")  # vllm: always, where a variable enables patches
+    assert "fails closed rather than run unpatched" in proc.stderr, proc.stderr
+    proc = lab.run("import json; print('fine')", enable="p")
+    assert proc.returncode == 0 and proc.stdout.strip() == "fine", proc.stderr
+    assert "not activated" in proc.stderr
+    proc = lab.run(READ, enable=None, env={"IMPORTPATCH_PATH": None})  # nothing enabled
+    assert proc.returncode == 0 and proc.stdout.strip() == "orig", proc.stderr
+
+
+CULPRIT = {
+    "culprit/__init__.py": "",
+    "culprit/_util.py": "NAME = 'culprit-g'\n",
+    "culprit/patches.py": """\
+        import tpkg.mod  # imports a target while it declares (an object target, the blog style)
+        from importpatch import Patch
+        from culprit._util import NAME
+        Patch(NAME).replace("tpkg.mod:g", lambda: "culprit")
+        """,
+}
+
+
+@pytest.mark.parametrize("timeout", ["20", "0"])  # the child scan, and the in-process one
+def test_a_package_importing_a_target_breaks_only_its_own_patches(
+    lab: Lab, timeout: str
+) -> None:
+    # A patch package whose declaration imports tpkg.mod made every patch on tpkg.mod fail
+    # ("patch code imports tpkg.mod ... (entry point culprit ... imports it)", blaming the other
+    # patch's file). The others still land at the definition site; the message of its own patch
+    # names the package at fault.
+    from coreutil import install_dist
+
+    install_dist(lab.venv, lab.targets, "culprit", "0.1.0", CULPRIT, top_level=["culprit"],
+                 entry_points="[importpatch.patches]\nculprit = culprit.patches\n")
+    lab.patch({"good.py": "from importpatch import Patch\n"
+                          "Patch('good').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": timeout}
+    for _ in range(2):  # cold, then from the index
+        proc = lab.run(READ, enable="good", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None,
+                               env=env).stdout)
+    errors = {r["name"]: r["error"] for r in listed["patches"] if r["origin"] != "builtin"}
+    assert errors["good"] is None
+    assert "entry point culprit = culprit.patches imports it" in errors["culprit-g"]
+    proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable="culprit-g", env=env)
+    assert proc.returncode != 0 and "culprit.patches" in proc.stderr, proc.stderr
+
+
+def test_check_does_not_count_a_package_importing_itself(lab: Lab) -> None:
+    from coreutil import install_dist
+
+    files = dict(CULPRIT, **{"culprit/patches.py": """\
+        from importpatch import Patch
+        from culprit._util import NAME
+        Patch(NAME).replace("tpkg.mod:g", lambda: "culprit")
+        """})
+    install_dist(lab.venv, lab.targets, "culprit", "0.1.0", files, top_level=["culprit"],
+                 entry_points="[importpatch.patches]\nculprit = culprit.patches\n")
+    report = json.loads(lab.ok(["-m", "importpatch", "check", "--json"], enable=None).stdout)
+    (row,) = [p for p in report["patches"] if p["name"] == "culprit-g"]
+    assert not any("imports culprit" in w for w in row["warnings"]), row["warnings"]
