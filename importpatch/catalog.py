@@ -677,11 +677,12 @@ def _flag_duplicate_names(entries: list[Entry]) -> None:
     both (enabling the name would apply two patches no one can tell apart). The same file reached
     twice was scanned once (see _scan)."""
     sources: dict[str, list[str]] = {}
-    for e in entries:
+    sound = [e for e in entries if not e.error]  # a broken one is already (and better) reported
+    for e in sound:
         known = sources.setdefault(e.name, [])
         if e.source not in known:
             known.append(e.source)
-    for e in entries:
+    for e in sound:
         others = sources[e.name]
         if len(others) > 1:
             e.error = (
