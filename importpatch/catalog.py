@@ -658,8 +658,9 @@ def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) ->
     patches of other sources on that module still land at its definition site (discovery runs
     in a child process, and a warm process imports the package at fault only when it is used)."""
     for e in entries:
+        own = {e.source, e.file} - {None}
         hits = [(m, imported_by[m]) for group in e.modules for m in group
-                if imported_by.get(m) in (e.source, e.file)]
+                if imported_by.get(m) in own]
         if not hits or (e.error and e.error.startswith("patch code imports")):
             continue
         module, by = hits[0]
