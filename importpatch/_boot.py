@@ -276,7 +276,7 @@ def activate(
         return None
     if start and not toggles.anything_requested:  # on by default only: the stamp lists targets
         _write_stamp(index, entries, chosen)
-    if start:
+    if start and index.fresh:  # what patches target changes only when the index is rebuilt
         _write_targets(entries)
     installed = finder.install(chosen)
     names = sorted({e.name for e in chosen})
@@ -396,7 +396,8 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
 
 def _write_targets(entries: list[Entry]) -> None:
     """Keep ``targets_path`` up to date: what every known patch targets, for the imports that
-    fail closed when the hook cannot start (see _fails_closed). Written only when it changed."""
+    fail closed when the hook cannot start (see _fails_closed). Called where the index was
+    rebuilt (never on the warm path); written only when it changed."""
     from . import bytecache, config
 
     root = config.default_cache_root()[0]

@@ -95,54 +95,62 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
 
         def fails_closed(exc: BaseException) -> None:
             # importpatch cannot load (a reinstall in progress, a broken install) while patches
-            # are on: the imports of the packages they target fail (ImportError, with the
-            # reason) instead of running unpatched. Known: "vllm" where a variable enables
-            # patches, the packages the stamp lists, and those every patch of this site folder
-            # targets as the hook last wrote them (t-<device>-<inode of the site folder>).
-            known = set(tops)
-            if any((environ.get(v) or "").strip() for v in (
-                    "IMPORTPATCH_ENABLE", "VLLM_IMPORTPATCH_ENABLE", "VLLM_CUSTOM_PATCHES")):
-                known.add("vllm")
-                try:
-                    st = os.stat(sitedir)
-                    listed = f"{base}/s/t-{st.st_dev}-{st.st_ino}"
-                    uid = getattr(os, "getuid", int)()
-                    for folder in (base, base + "/s"):
-                        st = os.lstat(folder)
-                        if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
-                            raise OSError
-                    st = os.lstat(listed)
-                    if st.st_uid == uid and st.st_mode & 0o170000 == 0o100000:
-                        with open(listed, "rb") as f:
-                            known.update(t for t in f.read().decode("utf-8", "replace").split()
-                                         if t.isidentifier())
-                except (OSError, ValueError):
-                    pass
-            reason = f"{type(exc).__name__}: {exc}"
-            if not known:
-                sys.stderr.write(f"importpatch: warning: not activated: {reason}\n")
-                return
+            # are on. This text is compiled only here: the .pyc every start loads stays small.
+            _FAILS_CLOSED = r'''
+            def fails_closed(exc: BaseException) -> None:
+                # importpatch cannot load (a reinstall in progress, a broken install) while patches
+                # are on: the imports of the packages they target fail (ImportError, with the
+                # reason) instead of running unpatched. Known: "vllm" where a variable enables
+                # patches, the packages the stamp lists, and those every patch of this site folder
+                # targets as the hook last wrote them (t-<device>-<inode of the site folder>).
+                known = set(tops)
+                if any((environ.get(v) or "").strip() for v in (
+                        "IMPORTPATCH_ENABLE", "VLLM_IMPORTPATCH_ENABLE", "VLLM_CUSTOM_PATCHES")):
+                    known.add("vllm")
+                    try:
+                        st = os.stat(sitedir)
+                        listed = f"{base}/s/t-{st.st_dev}-{st.st_ino}"
+                        uid = getattr(os, "getuid", int)()
+                        for folder in (base, base + "/s"):
+                            st = os.lstat(folder)
+                            if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
+                                raise OSError
+                        st = os.lstat(listed)
+                        if st.st_uid == uid and st.st_mode & 0o170000 == 0o100000:
+                            with open(listed, "rb") as f:
+                                known.update(t for t in f.read().decode("utf-8", "replace").split()
+                                             if t.isidentifier())
+                    except (OSError, ValueError):
+                        pass
+                reason = f"{type(exc).__name__}: {exc}"
+                if not known:
+                    sys.stderr.write(f"importpatch: warning: not activated: {reason}\n")
+                    return
 
-            class _ImportpatchFailsClosed:
-                """Fails the import of what enabled patches target: importpatch cannot load."""
+                class _ImportpatchFailsClosed:
+                    """Fails the import of what enabled patches target: importpatch cannot load."""
 
-                def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-                    if name.partition(".")[0] not in known:
-                        return None
-                    raise ImportError(
-                        f"importpatch: {name} is not imported: patches are on but importpatch "
-                        f"cannot load ({reason}); it fails closed rather than run unpatched. "
-                        "Reinstall importpatch-hook (or let the install in progress finish), "
-                        "or set IMPORTPATCH_OFF=1 to run without patches", name=name)
+                    def find_spec(self, name, path=None, target=None):
+                        if name.partition(".")[0] not in known:
+                            return None
+                        raise ImportError(
+                            f"importpatch: {name} is not imported: patches are on but importpatch "
+                            f"cannot load ({reason}); it fails closed rather than run unpatched. "
+                            "Reinstall importpatch-hook (or let the install in progress finish), "
+                            "or set IMPORTPATCH_OFF=1 to run without patches", name=name)
 
-                def invalidate_caches(self):  # type: ignore[no-untyped-def]
-                    pass
+                    def invalidate_caches(self):
+                        pass
 
-            sys.meta_path.insert(0, _ImportpatchFailsClosed())
-            sys.stderr.write(f"importpatch: warning: not activated: {reason}; imports of "
-                             f"{', '.join(sorted(known))} fail closed\n")
-            if tops:  # called by the waiting finder, at the import of one of them
-                raise ImportError(f"importpatch cannot load ({reason}); see above")
+                sys.meta_path.insert(0, _ImportpatchFailsClosed())
+                sys.stderr.write(f"importpatch: warning: not activated: {reason}; imports of "
+                                 f"{', '.join(sorted(known))} fail closed\n")
+                if tops:  # called by the waiting finder, at the import of one of them
+                    raise ImportError(f"importpatch cannot load ({reason}); see above")'''
+            scope = {"os": os, "sys": sys, "environ": environ, "sitedir": sitedir,
+                     "base": base, "tops": tops}
+            exec("if 1:" + _FAILS_CLOSED, scope)  # noqa: S102 (our own text, above)
+            scope["fails_closed"](exc)  # type: ignore[operator]
 
         if tops:
 

@@ -194,6 +194,7 @@ class Index:
         self.entries: list[Entry] | None = None
         self.watched: tuple[str, ...] = ()
         self.entry_points = 0
+        self.fresh = False  # built by this process (not read from the index file)
 
     def read(self) -> bool:
         if self.path is None:
@@ -250,6 +251,7 @@ def load_index(toggles: config.Toggles) -> Index:
     _flag_imported_targets(entries, imported_by)
     _flag_duplicate_names(entries)
     index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
+    index.fresh = True
     sig = signature(index.watched)
     if not is_racy(sig, started) and index.path is not None:
         index.write(sig)
@@ -474,7 +476,9 @@ def scan_bounded(
         return (*scan(folders, dirs, user_site), True)
     skipped: dict[str, str] = {}
     while True:
-        outcome = _scan_in_child(folders, dirs, user_site, skipped, limit)
+        from .scanchild import scan_in_child
+
+        outcome = scan_in_child(folders, dirs, user_site, skipped, limit)
         if outcome is None:  # no child process here: scan in this one, without a limit
             return (*scan(folders, dirs, user_site), True)
         if len(outcome) == 4:
@@ -489,151 +493,6 @@ def scan_bounded(
             "recorded as broken and not run again until it changes (a declaration only "
             f"declares; {config.DISCOVERY_TIMEOUT} sets the limit)"
         )
-
-
-def _frame(obj: Any) -> bytes:
-    data = marshal.dumps(obj)
-    return len(data).to_bytes(4, "big") + data
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _scan_in_child(
-    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None,
-    skipped: dict[str, str], limit: float,
-) -> ScanResult | tuple[str | None, str] | None:
-    """The scan's result from a child process; or (the source to blame or None, what happened);
-    or None when no child could be started."""
-    import select
-    import subprocess
-
-    env = dict(os.environ)
-    env[config.SCANNER] = "1"
-    env[config.DISCOVERING] = str(os.getpid())
-    request = _frame((folders, dirs, user_site, skipped, list(sys.path)))
-    to_child, from_parent = None, None
-    try:
-        from_parent, to_child = os.pipe()
-        from_child, to_parent = os.pipe()
-    except OSError:
-        for fd in (from_parent, to_child):
-            if fd is not None:
-                os.close(fd)
-        return None
-    code = (f"import importpatch.catalog as c; c._scan_child({from_parent}, {to_parent})")
-    flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
-                             ("-s", sys.flags.no_user_site)) if on]
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, *flags, "-c", code], env=env, stdin=subprocess.DEVNULL,
-            pass_fds=(from_parent, to_parent), close_fds=True)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        for fd in (from_parent, to_child, from_child, to_parent):
-            os.close(fd)
-        return None
-    os.close(from_parent)
-    os.close(to_parent)
-    stack: list[str] = []
-    buf = b""
-    heard = False  # the child said hello: it runs importpatch (else scan here, as before)
-    try:
-        with _SigintWatch():  # a real Ctrl-C while we wait stops this process (see _boot)
-            _write_all(to_child, request)
-            deadline = time.monotonic() + limit
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if not heard:
-                        return None
-                    return (stack[0] if stack else None, f"ran longer than {limit:g} s")
-                if not select.select([from_child], [], [], left)[0]:
-                    continue
-                chunk = os.read(from_child, 1 << 16)
-                if not chunk:
-                    if not heard:
-                        return None
-                    code_ = proc.wait()
-                    return (stack[0] if stack else None, f"ended the process (exit {code_})")
-                buf += chunk
-                while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
-                    size = int.from_bytes(buf[:4], "big")
-                    msg, buf = marshal.loads(buf[4:4 + size]), buf[4 + size:]
-                    if msg[0] == "hello":
-                        heard = True
-                    elif msg[0] == "begin":
-                        stack.append(msg[1])
-                    elif msg[0] == "end":
-                        if stack:
-                            stack.pop()
-                    else:
-                        rows, watched, entry_points, imported_by = msg[1:]
-                        return ([Entry.from_tuple(r) for r in rows], list(watched),
-                                entry_points, dict(imported_by))
-                    deadline = time.monotonic() + limit
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        os.close(to_child)
-        os.close(from_child)
-
-
-def _scan_child(from_parent: int, to_parent: int) -> None:
-    """The child's side of ``_scan_in_child``: scan as asked, report, exit."""
-    import _signal
-    import threading
-
-    global _progress
-    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # the parent decides what a Ctrl-C does
-    buf = b""
-    while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
-        chunk = os.read(from_parent, 1 << 16)
-        if not chunk:
-            os._exit(2)
-        buf += chunk
-    folders, dirs, user_site, skipped, path = marshal.loads(buf[4:])
-    sys.path[:] = path
-    _write_all(to_parent, _frame(("hello",)))
-
-    def orphaned() -> None:  # the parent is gone (killed): never outlive it
-        while os.read(from_parent, 1 << 16):
-            pass
-        os._exit(3)
-
-    threading.Thread(target=orphaned, daemon=True).start()
-    _skipped.update(skipped)
-    _progress = lambda kind, source: _write_all(to_parent, _frame((kind, source)))  # noqa: E731
-    entries, watched, entry_points, imported_by = scan(
-        [tuple(f) for f in folders], list(dirs), user_site)
-    _progress = None
-    import contextlib
-
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # patch code may have closed or replaced it
-            stream.flush()
-    _write_all(to_parent, _frame(("done", tuple(e.as_tuple() for e in entries), tuple(watched),
-                                  entry_points, imported_by)))
-    os._exit(0)  # not the exit handlers or threads that patch code left behind
-
-
-def _module_files(module: str, dirs: list[str]) -> list[str]:
-    """The files of ``module`` and the packages above it, found on ``dirs`` without executing
-    anything (an entry point that did not finish is watched by them)."""
-    out = []
-    for base in dirs:
-        path = os.path.join(base, *module.split("."))
-        found = [c for c in (os.path.join(path, "__init__.py"), path + ".py")
-                 if os.path.isfile(c)]
-        if found:
-            out.extend(found)
-            parts = module.split(".")
-            out.extend(os.path.join(base, *parts[:i], "__init__.py") for i in range(1, len(parts))
-                       if os.path.isfile(os.path.join(base, *parts[:i], "__init__.py")))
-            break
-    return out
 
 
 class _NewModules:
@@ -838,7 +697,9 @@ def _entry_point_entries(
         seen.add((ep.name, ep.value))
         source = f"entry point {ep.name} = {ep.value}"
         if source in _skipped:  # it did not finish in an earlier try: not imported again
-            watched.extend(f for f in _module_files(ep.module, dirs) if f not in watched)
+            from .scanchild import module_files
+
+            watched.extend(f for f in module_files(ep.module, dirs) if f not in watched)
             entries.append(Entry(
                 name=ep.name, origin="entry-point", source=source, file=None, requires=(),
                 default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
