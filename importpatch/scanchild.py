@@ -57,7 +57,7 @@ def scan_in_child(
         return None
     code = f"import importpatch.scanchild as c; c.child({from_parent}, {to_parent})"
     flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
-                             ("-s", sys.flags.no_user_site), ("-S", sys.flags.no_site)) if on]
+                             ("-s", sys.flags.no_user_site)) if on]
     try:
         proc = subprocess.Popen(
             [sys.executable, *flags, "-c", code], env=env, stdin=subprocess.DEVNULL,
