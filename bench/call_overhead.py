@@ -9,9 +9,12 @@ before calling through, and ``f_inspect`` with a wrap that does the same with
 ``inspect.signature(wrapped).bind`` (the usual way; signature cached per wrapped object would be
 faster, but then every wrap must cache it). Anchors in the same process: ``f_mp`` monkeypatched
 after import with a plain closure wrapper, and ``f_wrapt`` wrapped with
-``wrapt.wrap_function_wrapper`` (what wrapt's post-import hooks install). Timing: ``timeit`` of
-``m.fN(1)``, the variants interleaved for ``reps`` rounds; per round the best of 3 loops;
-medians of the rounds.
+``wrapt.wrap_function_wrapper`` (what wrapt's post-import hooks install, and what a wrap was
+before wraps of Python functions became generated Python functions that ``torch.compile`` traces:
+importpatch's ``TargetWrapper`` is that wrapt ``FunctionWrapper``). Methods the same way, called
+on an instance: ``C.m_plain``, ``C.m_wrapped`` (``Patch.wrap``), ``C.m_wrapt`` (wrapt's
+``FunctionWrapper``, the form before). Timing: ``timeit`` of ``m.fN(1)`` / ``c.m_N(1)``, the
+variants interleaved for ``reps`` rounds; per round the best of 3 loops; medians of the rounds.
 
 Goals: wrap overhead (wrapped - plain) <= 1 us per call; replace overhead (replaced - plain) 0,
 the replacement *is* the module attribute (checked), so the difference is measurement noise;
@@ -28,7 +31,9 @@ from _common import BENCH_DIR, Row, clean_env, log, project_wheel, venv
 
 NAMES = ["f_plain", "f_wrapped", "f_replaced", "f_original", "f_bind", "f_inspect", "f_mp",
          "f_wrapt"]
-TARGET = "".join(f"def {n}(x, y=2):\n    return x\n\n\n" for n in NAMES)
+METHODS = ["m_plain", "m_wrapped", "m_wrapt"]
+TARGET = "".join(f"def {n}(x, y=2):\n    return x\n\n\n" for n in NAMES) + "class C:\n" + "".join(
+    f"    def {n}(self, x, y=2):\n        return x\n\n" for n in METHODS)
 
 PATCH = """\
 import inspect
@@ -54,6 +59,11 @@ def f_original(original, x, y=2):
     return original(x, y)
 
 
+@p.wrap("callpkg.m:C.m_wrapped")
+def method_through(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+
+
 @p.wrap("callpkg.m:f_bind")
 def by_name(wrapped, instance, args, kwargs):
     importpatch.bind(wrapped, args, kwargs).arguments["y"]
@@ -68,14 +78,15 @@ def by_inspect(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 """
 
-CHILD = f"NAMES = {NAMES!r}\n" + """\
+CHILD = f"NAMES = {NAMES!r}\nMETHODS = {METHODS!r}\n" + """\
 import json, statistics, sys, timeit
 import wrapt
 import callpkg.m as m
 # replace binds the replacement itself: the patch file's function, no wrapper around it
 assert type(m.f_replaced) is type(m.f_plain), "replace must bind the replacement itself"
 assert m.f_replaced.__code__.co_filename.endswith("calls.py"), m.f_replaced.__code__
-assert type(m.f_wrapped).__name__ == "TargetWrapper"  # wrapt's FunctionWrapper, picklable
+# a wrap of a Python function is a generated Python function (torch.compile traces it)
+assert type(m.f_wrapped) is type(m.f_plain) and m.f_wrapped.__wrapped__ is not None
 orig = m.f_mp
 def f_mp(*args, **kwargs):
     return orig(*args, **kwargs)
@@ -83,8 +94,11 @@ m.f_mp = f_mp
 def through(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 wrapt.wrap_function_wrapper(m, "f_wrapt", through)
-names = NAMES
-timers = {n: timeit.Timer(f"m.{n}(1)", globals={"m": m}) for n in names}
+wrapt.wrap_function_wrapper(m, "C.m_wrapt", through)
+c = m.C()
+names = NAMES + METHODS
+timers = {n: timeit.Timer(f"m.{n}(1)" if n in NAMES else f"c.{n}(1)", globals={"m": m, "c": c})
+          for n in names}
 number = int(sys.argv[1])
 res = {n: [] for n in names}
 for r in range(int(sys.argv[2])):
@@ -136,6 +150,14 @@ def run(scale: float = 1.0) -> list[Row]:
             f"+{(t['f_bind'] - t['f_wrapped']) * 1e9:.0f} ns "
             f"(inspect: +{(t['f_inspect'] - t['f_wrapped']) * 1e9:.0f} ns)",
             "< inspect's", t["f_bind"] < t["f_inspect"]),
+        Row("wrap patch vs the wrapt form before (function): wrapped - wrapt",
+            f"wrapt {ns('f_wrapt')}", f"wrapped {ns('f_wrapped')}",
+            f"{(t['f_wrapped'] - t['f_wrapt']) * 1e9:+.0f} ns", "report", None),
+        Row("wrap patch of a method: overhead per call (c.m(1), wrapped - plain)",
+            f"plain {ns('m_plain')}", f"wrapped {ns('m_wrapped')}",
+            f"+{(t['m_wrapped'] - t['m_plain']) * 1e9:.0f} ns "
+            f"(wrapt form before: +{(t['m_wrapt'] - t['m_plain']) * 1e9:.0f} ns)", "<= 1 us",
+            t["m_wrapped"] - t["m_plain"] <= 1e-6),
         Row("anchor: monkeypatch with a closure wrapper", f"plain {ns('f_plain')}",
             f"closure {ns('f_mp')}", f"+{over('f_mp') * 1e9:.0f} ns", "anchor", None),
         Row("anchor: wrapt.wrap_function_wrapper (wrapt post-import hook style)",

@@ -51,21 +51,24 @@ def start(sitedir: str | None = None) -> None:
         return
     _started = True
     try:
+        if sitedir is not None:  # first: _fails_closed reads it if a module below is missing
+            st = os.stat(sitedir)
+            _pth = (sitedir, (st.st_mtime_ns, st.st_ctime_ns, st.st_ino), len(sys.path))
         from . import config
 
+        if os.environ.pop(config.SCANNER, None) is not None:
+            return  # the process that builds its parent's index (catalog.scan_bounded)
         if config.DISCOVERING in os.environ:
             # Started by patch code while another process ran its declarations in discovery:
             # discovering here too would start the next one, without end. Stay unpatched.
             _fail(RuntimeError(f"started by patch code while process "
-                               f"{os.environ[config.DISCOVERING]} ran declarations"))
+                               f"{os.environ[config.DISCOVERING]} ran declarations"),
+                  fail_closed=False)
             return
         toggles = config.read()
         _warn_problems(toggles.problems)
         if toggles.off:
             return
-        if sitedir is not None:
-            st = os.stat(sitedir)
-            _pth = (sitedir, (st.st_mtime_ns, st.st_ctime_ns, st.st_ino), len(sys.path))
         import builtins
 
         if hasattr(builtins, "help") or sys.flags.no_site:  # a call after site's work (or -S)
@@ -80,10 +83,10 @@ def start_waited(site_path: list[str] | None) -> None:
     """Called by the .pth line's waiting finder (see importpatch/_pth.py) at the first import of a
     package that a patch on by default targets: activate now, as the start would have. Never
     raises (but for a real Ctrl-C, as ``start``)."""
-    global _started
+    global _started, _waited
     if _started or activated_with is not None:  # started, or enable() activated it meanwhile
         return
-    _started = True
+    _started = _waited = True
     try:
         from . import sites
 
@@ -129,15 +132,100 @@ def _activate_at_start() -> None:
     activate(start=True)
 
 
-def _fail(exc: BaseException) -> None:
+_waited = False  # started by the .pth line's waiting finder: patches on by default are on
+
+
+def _fail(exc: BaseException, *, fail_closed: bool = True) -> None:
     if isinstance(exc, KeyboardInterrupt):
         from .catalog import _SigintWatch
 
         if _SigintWatch.hit:  # a real Ctrl-C: let it stop the process (see the docstring)
             raise exc
+    reason = f"{type(exc).__name__}: {exc}"
+    known: set[str] = set()
+    try:
+        if fail_closed:
+            known = _fails_closed(reason)
+    except Exception:  # noqa: S110 (a part of importpatch may be missing: a reinstall)
+        pass
     try:  # noqa: SIM105 (contextlib is not loaded at interpreter start; keep it so)
-        sys.stderr.write(f"importpatch: warning: not activated: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(f"importpatch: warning: not activated: {reason}"
+                         + (f"; imports of {', '.join(sorted(known))} fail closed\n" if known
+                            else "\n"))
     except Exception:
+        pass
+
+
+def _fails_closed(reason: str) -> set[str]:
+    """Where patches are on and the hook could not start (a reinstall in progress, a broken
+    install): make the imports of the packages they target fail instead of running unpatched
+    (the .pth line does the same where this module cannot even load: importpatch/_pth.py).
+    Known: ``vllm`` where a variable enables patches, what the patches of this site folder target
+    as an earlier process wrote it (``targets_path``), the stamp's list. Returns those names."""
+    env = os.environ
+    enabling = any((env.get(v) or "").strip() for v in (
+        "IMPORTPATCH_ENABLE", "VLLM_IMPORTPATCH_ENABLE", "VLLM_CUSTOM_PATCHES"))
+    if not (enabling or _waited):
+        return set()
+    known = {"vllm"} if enabling else set()
+    cache = env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    if _pth is not None:
+        paths = [targets_path(f"/{cache}/importpatch", _pth[0])]
+        if _waited:
+            paths.append(stamp_path(f"/{cache}/importpatch", _pth[1], _pth[2]))
+        for path in paths:
+            known.update(_read_names(path))
+    known = {t for t in known if t.isidentifier()}
+    if known:
+        sys.meta_path.insert(0, _FailsClosed(known, reason))
+    return known
+
+
+def targets_path(root: str, sitedir: str) -> str | None:
+    """``<root>/s/t-<device>-<inode of the site folder>``: the top-level packages that the
+    patches known to this site folder target, one per line (kept across reinstalls, which change
+    the folder's mtime but not its inode)."""
+    try:
+        st = os.stat(sitedir)
+    except OSError:
+        return None
+    return os.path.join(root, "s", f"t-{st.st_dev}-{st.st_ino}")
+
+
+def _read_names(path: str | None) -> list[str]:
+    """The names in a small cache file of ours (in folders of ours no one else can write)."""
+    if path is None:
+        return []
+    uid = getattr(os, "getuid", int)()
+    try:
+        for folder in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path)):
+            st = os.lstat(folder)
+            if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
+                return []
+        st = os.lstat(path)
+        if st.st_uid != uid or st.st_mode & 0o170000 != 0o100000:
+            return []
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace").split()
+    except OSError:
+        return []
+
+
+class _FailsClosed:
+    """Fails the import of what the enabled patches target: the hook could not start."""
+
+    def __init__(self, known: set[str], reason: str) -> None:
+        self.known, self.reason = known, reason
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.partition(".")[0] in self.known:
+            raise ImportError(
+                f"importpatch: {name} is not imported: patches are on but importpatch could not "
+                f"start ({self.reason}); it fails closed rather than run unpatched. Reinstall "
+                "importpatch-hook (or let the install in progress finish), or set "
+                "IMPORTPATCH_OFF=1 to run without patches", name=name)
+
+    def invalidate_caches(self) -> None:
         pass
 
 
@@ -201,6 +289,8 @@ def activate(
         return None
     if start and not toggles.anything_requested:  # on by default only: the stamp lists targets
         _write_stamp(index, entries, chosen)
+    if start and index.fresh:  # what patches target changes only when the index is rebuilt
+        _write_targets(entries)
     installed = finder.install(chosen)
     if late:
         from .late import apply_to_imported
@@ -329,6 +419,25 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     if (mtime_ns, ctime_ns, inode) != site_key or racy:
         return
     path = stamp_path(root, site_key, path_len)
+    if bytecache.folder(root, "s", "") is not None:
+        bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+
+
+def _write_targets(entries: list[Entry]) -> None:
+    """Keep ``targets_path`` up to date: what every known patch targets, for the imports that
+    fail closed when the hook cannot start (see _fails_closed). Called where the index was
+    rebuilt (never on the warm path); written only when it changed."""
+    from . import bytecache, config
+
+    root = config.default_cache_root()[0]
+    if _pth is None or root is None:
+        return
+    if root != bytecache.usable_root() and bytecache._check_root(root) is not None:
+        return  # (IMPORTPATCH_CACHE_DIR elsewhere: the .pth line looks in the default root)
+    tops = sorted({m.partition(".")[0] for e in entries for group in e.modules for m in group})
+    path = targets_path(root, _pth[0])
+    if path is None or _read_names(path) == tops:
+        return
     if bytecache.folder(root, "s", "") is not None:
         bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
 

@@ -57,24 +57,33 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
         data = getattr(environ, "_data", None)  # POSIX: the bytes names, joined in C
         names = b" ".join(data) if data and isinstance(next(iter(data)), bytes) else (
             " ".join(environ).encode("utf-8", "surrogateescape"))
+        cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        base = f"/{cache}/importpatch"
+        tops: frozenset = frozenset()  # type: ignore[type-arg]
         if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
-            cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
             # mtime alone is shared by site folders that tar, cp -a or a reproducible build
             # made: ctime (set by the kernel, never copied) and inode tell them apart.
             st = os.stat(sitedir)
-            stamp = (f"/{cache}/importpatch/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-"
-                     f"{len(sys.path)}")
+            stamp = f"{base}/s/{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{len(sys.path)}"
+            # Only a regular file of ours, in folders of ours that no one else can write, is a
+            # stamp: not a FIFO, /dev/zero, another user's file or link in a shared
+            # XDG_CACHE_HOME (lstat: what the link IS, not what it points to); else the hook
+            # starts and decides (and says). Three lstat calls, no open.
+            uid = getattr(os, "getuid", int)()
+            size = -1
             try:
-                st = os.stat(stamp)
-                # Only a regular file of ours is a stamp (not a FIFO, /dev/zero, another user's
-                # file in a shared XDG_CACHE_HOME): else the hook starts and decides (and says).
-                ours = st.st_uid == getattr(os, "getuid", int)()
-                size = st.st_size if ours and st.st_mode & 0o170000 == 0o100000 else -1
+                for folder in (base, base + "/s"):
+                    st = os.lstat(folder)
+                    if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
+                        break  # not a folder (a link), another user's, or writable by others
+                else:
+                    st = os.lstat(stamp)
+                    if st.st_uid == uid and st.st_mode & 0o170000 == 0o100000:
+                        size = st.st_size
             except OSError:
-                size = -1
+                pass
             if size == 0:
                 return
-            tops: frozenset = frozenset()  # type: ignore[type-arg]
             if size > 0:
                 try:
                     with open(stamp, "rb") as f:
@@ -83,42 +92,105 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                     pass  # unreadable: start the hook (below) rather than wait for nothing
                 if not all(top.isidentifier() for top in tops):
                     tops = frozenset()  # not what _boot writes: start the hook, as above
-            if tops:
 
-                class _ImportpatchWaits:
-                    """Starts the hook at the first import of a package in ``tops``."""
+        def fails_closed(exc: BaseException) -> None:
+            # importpatch cannot load (a reinstall in progress, a broken install) while patches
+            # are on. This text is compiled only here: the .pyc every start loads stays small.
+            _FAILS_CLOSED = r'''
+            def fails_closed(exc: BaseException) -> None:
+                # importpatch cannot load (a reinstall in progress, a broken install) while patches
+                # are on: the imports of the packages they target fail (ImportError, with the
+                # reason) instead of running unpatched. Known: "vllm" where a variable enables
+                # patches, the packages the stamp lists, and those every patch of this site folder
+                # targets as the hook last wrote them (t-<device>-<inode of the site folder>).
+                known = set(tops)
+                if any((environ.get(v) or "").strip() for v in (
+                        "IMPORTPATCH_ENABLE", "VLLM_IMPORTPATCH_ENABLE", "VLLM_CUSTOM_PATCHES")):
+                    known.add("vllm")
+                    try:
+                        st = os.stat(sitedir)
+                        listed = f"{base}/s/t-{st.st_dev}-{st.st_ino}"
+                        uid = getattr(os, "getuid", int)()
+                        for folder in (base, base + "/s"):
+                            st = os.lstat(folder)
+                            if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
+                                raise OSError
+                        st = os.lstat(listed)
+                        if st.st_uid == uid and st.st_mode & 0o170000 == 0o100000:
+                            with open(listed, "rb") as f:
+                                known.update(t for t in f.read().decode("utf-8", "replace").split()
+                                             if t.isidentifier())
+                    except (OSError, ValueError):
+                        pass
+                reason = f"{type(exc).__name__}: {exc}"
+                if not known:
+                    sys.stderr.write(f"importpatch: warning: not activated: {reason}\n")
+                    return
 
-                    site_path = None
+                class _ImportpatchFailsClosed:
+                    """Fails the import of what enabled patches target: importpatch cannot load."""
 
-                    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-                        if name in ("sitecustomize", "usercustomize") and self.site_path is None:
-                            self.site_path = list(sys.path)  # sys.path as site left it
-                        if name.partition(".")[0] not in tops:
+                    def find_spec(self, name, path=None, target=None):
+                        if name.partition(".")[0] not in known:
                             return None
-                        if self in sys.meta_path:
-                            sys.meta_path.remove(self)
-                        try:
-                            import importpatch._boot
+                        raise ImportError(
+                            f"importpatch: {name} is not imported: patches are on but importpatch "
+                            f"cannot load ({reason}); it fails closed rather than run unpatched. "
+                            "Reinstall importpatch-hook (or let the install in progress finish), "
+                            "or set IMPORTPATCH_OFF=1 to run without patches", name=name)
 
-                            importpatch._boot.start_waited(self.site_path)
-                        except Exception:
-                            return None
-                        # importlib iterates sys.meta_path while this runs: ask the finders
-                        # now in place (the patch finder first).
-                        for finder in list(sys.meta_path):
-                            find = getattr(finder, "find_spec", None)
-                            spec = find(name, path, target) if find is not None else None
-                            if spec is not None:
-                                return spec
-                        return None
-
-                    def invalidate_caches(self):  # type: ignore[no-untyped-def]
+                    def invalidate_caches(self):
                         pass
 
-                sys.meta_path.insert(0, _ImportpatchWaits())
-                return
-        import importpatch._boot
+                sys.meta_path.insert(0, _ImportpatchFailsClosed())
+                sys.stderr.write(f"importpatch: warning: not activated: {reason}; imports of "
+                                 f"{', '.join(sorted(known))} fail closed\n")
+                if tops:  # called by the waiting finder, at the import of one of them
+                    raise ImportError(f"importpatch cannot load ({reason}); see above")'''
+            scope = {"os": os, "sys": sys, "environ": environ, "sitedir": sitedir,
+                     "base": base, "tops": tops}
+            exec("if 1:" + _FAILS_CLOSED, scope)  # noqa: S102 (our own text, above)
+            scope["fails_closed"](exc)  # type: ignore[operator]
 
+        if tops:
+
+            class _ImportpatchWaits:
+                """Starts the hook at the first import of a package in ``tops``."""
+
+                site_path = None
+
+                def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+                    if name in ("sitecustomize", "usercustomize") and self.site_path is None:
+                        self.site_path = list(sys.path)  # sys.path as site left it
+                    if name.partition(".")[0] not in tops:
+                        return None
+                    if self in sys.meta_path:
+                        sys.meta_path.remove(self)
+                    try:
+                        import importpatch._boot
+
+                        importpatch._boot.start_waited(self.site_path)
+                    except Exception as exc:
+                        fails_closed(exc)  # raises ImportError for this import too
+                    # importlib iterates sys.meta_path while this runs: ask the finders
+                    # now in place (the patch finder first).
+                    for finder in list(sys.meta_path):
+                        find = getattr(finder, "find_spec", None)
+                        spec = find(name, path, target) if find is not None else None
+                        if spec is not None:
+                            return spec
+                    return None
+
+                def invalidate_caches(self):  # type: ignore[no-untyped-def]
+                    pass
+
+            sys.meta_path.insert(0, _ImportpatchWaits())
+            return
+        try:
+            import importpatch._boot
+        except Exception as exc:
+            fails_closed(exc)
+            return
         importpatch._boot.start(sitedir)
     except Exception:
         pass

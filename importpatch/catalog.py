@@ -36,12 +36,18 @@ Invariants:
   objects a ``.py`` made before it failed are kept), so enabling it by name fails closed at the
   target's import instead of "unknown patch name". A source that failed before declaring
   anything has ``unsure`` set: whether it has a patch on by default is unknown.
-- A declaration must not import a module that a patch targets: in the first process after a
-  change that module would load unpatched. Such patches are broken (the message says what to
-  change) in every process, and the cold process drops the module again so its next import fails
-  closed as in every later process. The cold process also forgets the Patch objects it made while
-  scanning from patch files: like every warm process, it executes a patch file when a module it
-  targets is imported.
+- A declaration must not import a module that its own patches target: in the first process
+  after a change that module would load unpatched. Those patches are broken (the message names
+  the declaration and says what to change) in every process; other sources' patches on that
+  module are not affected. Declarations run in a child process under a time limit
+  (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the process is recorded
+  broken like one that raises, and the process that builds the index imports nothing they
+  import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they
+  imported that a chosen patch targets, so its next import is patched or fails closed.) The
+  cold process also forgets the Patch objects it made while scanning from patch files: like
+  every warm process, it executes a patch file when a module it targets is imported.
+- A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
+  different sources declaring one name are both broken, the error naming both.
 """
 
 from __future__ import annotations
@@ -146,7 +152,18 @@ def _folders(toggles: config.Toggles) -> list[tuple[str, str]]:
     builtin = builtin_folder()
     if builtin:
         out.append(("builtin", builtin))
-    out.extend(("folder", os.path.abspath(p)) for p in toggles.path if os.path.isdir(p))
+    # One folder named twice (itself and a link to it, or a path with "..") is scanned once:
+    # told by device and inode (one stat each; realpath costs a stat per path component).
+    seen: set[tuple[int, int]] = set()
+    for p in ([builtin] if builtin else []) + list(toggles.path):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            if p != builtin:
+                out.append(("folder", os.path.abspath(p)))
     return out
 
 
@@ -188,6 +205,7 @@ class Index:
         self.entries: list[Entry] | None = None
         self.watched: tuple[str, ...] = ()
         self.entry_points = 0
+        self.fresh = False  # built by this process (not read from the index file)
 
     def read(self) -> bool:
         if self.path is None:
@@ -239,9 +257,12 @@ def load_index(toggles: config.Toggles) -> Index:
         index.entries = [Entry.from_tuple(row) for row in kept[3]]
         return index
     started = time.time_ns()
-    entries, watched, entry_points, imported_by = scan(index.folders, index.dirs, index.user_site)
+    entries, watched, entry_points, imported_by, here = scan_bounded(
+        index.folders, index.dirs, index.user_site)
     _flag_imported_targets(entries, imported_by)
+    _flag_duplicate_names(entries)
     index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
+    index.fresh = True
     sig = signature(index.watched)
     if not is_racy(sig, started) and index.path is not None:
         index.write(sig)
@@ -257,9 +278,10 @@ def load_index(toggles: config.Toggles) -> Index:
     for e in entries:
         if e.file:
             e._patch = None
-    chosen = {m for e in entries if e.error and toggles.decide_entry(e)[0]
+    # (Scanned here: a target another declaration imported would stay loaded unpatched.)
+    chosen = {m for e in entries if toggles.decide_entry(e)[0]
               for group in e.modules for m in group}
-    for name in list(imported_by):
+    for name in list(imported_by) if here else ():
         if name in chosen or any(name.startswith(m + ".") for m in chosen):
             sys.modules.pop(name, None)
     return index
@@ -319,6 +341,8 @@ def run_patch_code(fn: Callable[[], Any], source: str = "") -> tuple[Any, BaseEx
     watch = watcher
     if watch is not None:
         watch.begin(source)
+    if _progress is not None:
+        _progress("begin", source)
     try:
         with _SigintWatch():
             try:
@@ -330,6 +354,8 @@ def run_patch_code(fn: Callable[[], Any], source: str = "") -> tuple[Any, BaseEx
     finally:
         if watch is not None:
             watch.end(source)
+        if _progress is not None:
+            _progress("end", source)
 
 
 def describe(exc: BaseException) -> str:
@@ -400,6 +426,7 @@ def _scan(
     entries: list[Entry] = []
     watched: list[str] = []
     imported_by: dict[str, str] = {}
+    files_seen: set[tuple[int, int]] = set()  # (device, inode): a hard-linked copy is one file
     for origin, folder in folders:
         watched.append(folder)
         try:
@@ -414,6 +441,14 @@ def _scan(
                 continue
             file = os.path.join(folder, fname)
             watched.append(file)
+            try:
+                st = os.stat(file)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                if (st.st_dev, st.st_ino) in files_seen:
+                    continue  # the same file reached again: one patch, declared once
+                files_seen.add((st.st_dev, st.st_ino))
             entries.extend(_entries_of_file(origin, file, imported_by))
     watched.extend(dirs)
     if user_site and user_site not in dirs:
@@ -421,6 +456,54 @@ def _scan(
     eps = _entry_point_entries(dirs, watched, imported_by)
     entries.extend(eps)
     return entries, watched, len({e.source for e in eps}), imported_by
+
+
+# -- discovery with a time limit -----------------------------------------------------------------
+#
+# Declarations run in a child process (the same interpreter, site and search path) that reports
+# each declaration as it begins and ends, and sends the result. A declaration that runs longer
+# than IMPORTPATCH_DISCOVERY_TIMEOUT (or ends the process) is blamed: the child is killed and
+# started again with that source recorded broken, never executed, so the index (written by this
+# process as before) holds it broken until it changes. The warm path (an index hit) never gets
+# here; the cold one pays one interpreter start more, and never imports what declarations import.
+
+# Sources an earlier try blamed, with their error (set in the child from its request).
+_skipped: dict[str, str] = {}
+# Set in the child: called with ("begin" | "end", source) around each run of patch code.
+_progress: Callable[[str, str], None] | None = None
+
+ScanResult = tuple[list["Entry"], list[str], int, dict[str, str]]
+
+
+def scan_bounded(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
+) -> tuple[list[Entry], list[str], int, dict[str, str], bool]:
+    """``scan`` under a time limit per declaration; the last item: whether the declarations ran
+    in this process (no limit set, or no child process could be started)."""
+    limit = config.discovery_timeout(os.environ)
+    exe = os.path.basename(sys.executable or "")
+    if (limit <= 0 or os.name != "posix" or watcher is not None
+            or not exe.startswith(("python", "pypy"))):  # an embedded interpreter: here
+        return (*scan(folders, dirs, user_site), True)
+    skipped: dict[str, str] = {}
+    while True:
+        from .scanchild import scan_in_child
+
+        outcome = scan_in_child(folders, dirs, user_site, skipped, limit)
+        if outcome is None:  # no child process here: scan in this one, without a limit
+            return (*scan(folders, dirs, user_site), True)
+        if len(outcome) == 4:
+            entries, watched, entry_points, imported_by = outcome
+            return entries, watched, entry_points, imported_by, False
+        source, why = outcome
+        if source is None or source in skipped:
+            raise RuntimeError(f"discovery of patches {why} (not in a declaration); "
+                               f"{config.DISCOVERY_TIMEOUT} sets the limit")
+        skipped[source] = (
+            f"did not finish: its declaration {why} while patches were discovered; it is "
+            "recorded as broken and not run again until it changes (a declaration only "
+            f"declares; {config.DISCOVERY_TIMEOUT} sets the limit)"
+        )
 
 
 class _NewModules:
@@ -441,19 +524,44 @@ class _NewModules:
 
 
 def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) -> None:
+    """A patch whose own declaration imports a module it targets is broken. Only its own: the
+    patches of other sources on that module still land at its definition site (discovery runs
+    in a child process, and a warm process imports the package at fault only when it is used)."""
     for e in entries:
-        hits = [(m, imported_by[m]) for group in e.modules for m in group if m in imported_by]
+        own = {e.source, e.file} - {None}
+        hits = [(m, imported_by[m]) for group in e.modules for m in group
+                if imported_by.get(m) in own]
         if not hits or (e.error and e.error.startswith("patch code imports")):
             continue
         module, by = hits[0]
-        own = by in (e.source, e.file)
         e.error = (
             f"patch code imports {module}, which {e.name} patches, while it is declared "
-            f"({'its own declaration' if own else by} imports it): in the first process after a "
-            f"change {module} would load unpatched. Move the import into the function that uses "
-            "it (or import it inside the replacement), and declare targets as strings"
+            f"({by} imports it): in the first process after a change {module} would load "
+            "unpatched. Move the import into the function that uses it (or import it inside the "
+            "replacement), and declare targets as strings"
         )
         e._patch = None
+
+
+def _flag_duplicate_names(entries: list[Entry]) -> None:
+    """Two different sources declaring one patch name: both are broken, and the message names
+    both (enabling the name would apply two patches no one can tell apart). The same file reached
+    twice was scanned once (see _scan)."""
+    sources: dict[str, list[str]] = {}
+    sound = [e for e in entries if not e.error]  # a broken one is already (and better) reported
+    for e in sound:
+        known = sources.setdefault(e.name, [])
+        if e.source not in known:
+            known.append(e.source)
+    for e in sound:
+        others = sources[e.name]
+        if len(others) > 1:
+            e.error = (
+                f"patch name {e.name!r} is declared by {len(others)} different sources: "
+                f"{' and '.join(others)}; rename one of them (or remove one from "
+                f"{config.PATH}, or uninstall one package)"
+            )
+            e._patch = None
 
 
 _loaded_files: dict[str, list[Patch]] = {}
@@ -526,6 +634,11 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
 
 
 def _entries_of_file(origin: str, file: str, imported_by: dict[str, str]) -> list[Entry]:
+    if file in _skipped:  # it did not finish in an earlier try: not executed again
+        entries = _broken_entries(origin, file, DeclarationFailed(TimeoutError(), []))
+        for e in entries:
+            e.error = _skipped[file]
+        return entries
     with _NewModules(file, imported_by):
         try:
             patches = _load_file(file)
@@ -594,6 +707,16 @@ def _entry_point_entries(
             continue
         seen.add((ep.name, ep.value))
         source = f"entry point {ep.name} = {ep.value}"
+        if source in _skipped:  # it did not finish in an earlier try: not imported again
+            from .scanchild import module_files
+
+            watched.extend(f for f in module_files(ep.module, dirs) if f not in watched)
+            entries.append(Entry(
+                name=ep.name, origin="entry-point", source=source, file=None, requires=(),
+                default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
+                error=_skipped[source], unsure=True,
+            ))
+            continue
         with _NewModules(source, imported_by) as new:
             found, exc = _run_entry_point(ep.value, source)
         top = ep.module.partition(".")[0]
@@ -685,12 +808,16 @@ def load_patch(entry: Entry) -> Patch:
     raise RuntimeError(f"{entry.source} no longer declares a patch named {entry.name!r}")
 
 
+# Errors that running the declaration again cannot clear (or must not risk: a hang).
+NOT_RETRIED = ("patch code imports", "patch name ", "did not finish")
+
+
 def retry_declaration(entry: Entry) -> None:
     """Late activation only: run a declaration recorded as broken once more, since its failure
     may have been the environment's (a variable set later, a file written later). Success clears
     the error in this process only; the index keeps it until the source changes, so a start never
     re-executes it. A declaration that imports its own target stays refused."""
-    if not entry.error or not entry.file or entry.error.startswith("patch code imports"):
+    if not entry.error or not entry.file or entry.error.startswith(NOT_RETRIED):
         return
     try:
         patches = _load_file(entry.file)

@@ -30,12 +30,32 @@ EVENTS_DIR = "IMPORTPATCH_EVENTS_DIR"  # folder: every process appends its event
 CACHE_DIR = "IMPORTPATCH_CACHE_DIR"  # bytecode cache, catalog index and published text live here
 NO_CACHE = "IMPORTPATCH_NO_CACHE"  # switch: never read or write the bytecode cache
 STRICT = "IMPORTPATCH_STRICT"  # switch: a problem with the chosen patches stops the program
+# Seconds one declaration may run while the index is built (catalog.scan_bounded); 0: no limit.
+DISCOVERY_TIMEOUT = "IMPORTPATCH_DISCOVERY_TIMEOUT"
+DEFAULT_DISCOVERY_TIMEOUT = 20.0
 
-ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE, STRICT)
+ALL_VARS = (ENABLE, DISABLE, OFF, PATH, LOG, EVENTS_DIR, CACHE_DIR, NO_CACHE, STRICT,
+            DISCOVERY_TIMEOUT)
 
 # Set by discovery while declarations run (catalog.scan): a Python process that patch code starts
 # then does not activate (it would run the declarations again, and start the next one).
 DISCOVERING = "_IMPORTPATCH_DISCOVERING"
+
+# Set (to "1") only for the process that builds the index for its parent (catalog.scan_bounded):
+# its own start-up hook does nothing, silently, and removes the variable.
+SCANNER = "_IMPORTPATCH_SCANNER"
+
+
+def discovery_timeout(environ: Mapping[str, str]) -> float:
+    """``IMPORTPATCH_DISCOVERY_TIMEOUT`` in seconds (0: no limit); the default when unset or not
+    a number."""
+    raw = get(environ, DISCOVERY_TIMEOUT)
+    try:
+        value = float(raw) if raw is not None and raw.strip() else DEFAULT_DISCOVERY_TIMEOUT
+    except ValueError:
+        return DEFAULT_DISCOVERY_TIMEOUT
+    return value if value >= 0 and value == value else DEFAULT_DISCOVERY_TIMEOUT
+
 
 # The variable of vLLM's plugin-system blog post (importpatch.compat): comma-separated names of
 # patches as registered with its PatchManager. A set VLLM_CUSTOM_PATCHES is a reason to activate at

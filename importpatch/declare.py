@@ -175,8 +175,9 @@ class Patch:
         """Wrap a callable: ``wrapper(wrapped, instance, args, kwargs)`` (wrapt's convention).
 
         The result keeps the original's signature, ``__wrapped__``, ``__name__``, ``__doc__`` and
-        descriptor behaviour. Several wraps of one target compose by ``(order, patch name)``:
-        the first is innermost.
+        descriptor behaviour; a Python function is wrapped by a generated Python function, which
+        ``torch.compile`` traces (see ``importpatch.wrappers``). Several wraps of one target
+        compose by ``(order, patch name)``: the first is innermost.
         """
         return self._op(WRAP, target, wrapper, decorated=decorated, order=order)
 

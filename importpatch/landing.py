@@ -456,7 +456,8 @@ class ModulePlan:
                     ops = stages.get("inner", []) + ops
                 result = self._apply(qual, self._live(ops), obj)
             if stage != "inner":
-                if type(result) in (property, classmethod):  # around what landed at 'inner'
+                # around what landed at "inner"
+                if type(result) in (property, classmethod, staticmethod):
                     from .objects import settle
 
                     result = settle(result, self.module, qual, self.named)
@@ -712,7 +713,7 @@ class ModulePlan:
                 current = rebuild(layers, self._apply(qual, inner, peel(layers, current)), owner,
                                   attr)
             current = self._apply(qual, outer, current)
-            if type(current) in (property, classmethod):
+            if type(current) in (property, classmethod, staticmethod):
                 from .objects import settle
 
                 current = settle(current, self.module, qual, self.named)

@@ -7,9 +7,13 @@ starts EngineCore and its Workers that way (``Process(target=EngineCoreProc.run_
 So everything installed at a target pickles by reference to **the target's own module and
 qualified name**, and the receiving process resolves its own, patched, object:
 
-- wraps are ``importpatch.wrappers.TargetWrapper`` objects (wrapt's ``FunctionWrapper`` with
-  ``__reduce_ex__``, whose plain proxy refuses to pickle), bound wrappers alike; a wrapper bound
-  to an instance pickles as ``getattr(instance, name)``, as a bound method does;
+- a wrap of a Python function is a generated Python function named as the target (a
+  classmethod's ``Class.m.__func__``, a property getter's ``Class.p.fget``: the names pickle
+  resolves to that very object), so it pickles as any function does; other wraps (a class, a
+  builtin, a callable object) are ``importpatch.wrappers.TargetWrapper`` objects (wrapt's
+  ``FunctionWrapper`` with ``__reduce_ex__``, whose plain proxy refuses to pickle), bound
+  wrappers alike; a wrapper bound to an instance pickles as ``getattr(instance, name)``, as a
+  bound method does;
 - a subclass made by ``subclass`` takes the names of the class it stands in for, in every
   patch (``take_names``): its factory makes it again wherever the patch is on;
 - a function or class that a discovered patch (a file of an ``IMPORTPATCH_PATH`` folder, a
@@ -29,8 +33,9 @@ qualified name**, and the receiving process resolves its own, patched, object:
   resolve (the original getter, named ``Class.prop``, cannot be pickled by reference at all); a
   wrapper there, or in a classmethod, does not claim to be a function (``settle``).
 
-Invariants: nothing here runs per call but wrapt's wrapper and the stand-in of
-``replace(original=True)`` (one Python call). cloudpickle pickles a "function" by reference only
+Invariants: nothing here runs per call but the wraps (one Python call before the wrapper;
+wrapt's C proxy for the others) and the stand-in of ``replace(original=True)`` (one Python
+call). cloudpickle pickles a "function" by reference only
 when looking it up by name finds the very object, and otherwise sends its code by value (the
 original's code, for a wrapper: silently unpatched); so a wrapper that no name finds
 (``Class.method``, which wrapt binds anew at each access, a property's getter, a classmethod's
@@ -114,15 +119,21 @@ def settle(obj: Any, module: str, qualname: str, named: set[int]) -> Any:
     ``named``) inside a property is named ``Class.prop.fget``, which pickle resolves; a wrapper
     becomes a ``HiddenWrapper`` (see ``importpatch.wrappers``). Anything else is returned as
     it is."""
+    wrappers = sys.modules.get("importpatch.wrappers")  # no wrapper exists before it is imported
+    if type(obj) is staticmethod:
+        made = None if wrappers is None else wrappers.restaff(obj.__func__, module, qualname)
+        return obj if made is None else staticmethod(made)
     parts = _PARTS.get(type(obj))
     if parts is None:
         return obj
-    wrappers = sys.modules.get("importpatch.wrappers")  # no wrapper exists before it is imported
     values: dict[str, Any] = {}
     rebuilt = False
     for attr in parts:
         func = getattr(obj, attr)
-        if wrappers is not None and type(func) is wrappers.TargetWrapper:
+        if hasattr(func, "_importpatch_wrap") and getattr(
+                func, "__qualname__", None) == qualname:  # a wrap (a Python function)
+            func.__qualname__ = f"{qualname}.{attr}"
+        elif wrappers is not None and type(func) is wrappers.TargetWrapper:
             func = wrappers.HiddenWrapper(func.__wrapped__, func._self_wrapper, (module, qualname))
             rebuilt = True
         elif type(obj) is property and id(func) in named and getattr(

@@ -68,6 +68,9 @@ class Watcher:
         for top in static_imports(file) if file else []:
             if top not in imported:
                 imported.append(top)
+        if source.startswith("entry point "):  # its own package is no import of the declaration
+            own = source.partition(" = ")[2].partition(":")[0].strip().partition(".")[0]
+            imported = [top for top in imported if top != own]
         if imported:
             out.append(
                 f"its module-level code imports {', '.join(imported)}: a declaration runs in "

@@ -1,13 +1,17 @@
-"""The wrappers of ``Patch.wrap``: wrapt's ``FunctionWrapper`` (chosen over a hand-written closure:
-it keeps signature, ``__wrapped__``, ``__name__``, ``__doc__`` and the descriptor behaviour of
-methods, staticmethods, classmethods and properties, in C) with pickling by reference to the
-target it is installed at (see ``importpatch.objects``). wrapt's own proxies refuse to pickle
+"""The wrappers of ``Patch.wrap``. A Python function (a module function, a method, the function
+of a staticmethod, classmethod or property) is wrapped by a generated Python function
+(``wrapping``), which ``torch.compile`` traces; anything else (a class, a builtin, a callable
+object) by wrapt's ``FunctionWrapper`` (it binds at each call and keeps signature,
+``__wrapped__``, ``__name__``, ``__doc__``, in C) with pickling by reference to the target it
+is installed at (see ``importpatch.objects``). wrapt's own proxies refuse to pickle
 (``object proxy must define __reduce_ex__()``). Imported only where something is wrapped.
 """
 
 from __future__ import annotations
 
 import copyreg
+import functools
+from types import FunctionType
 
 import wrapt
 
@@ -98,6 +102,19 @@ _PROXY_NAMES = frozenset({"__wrapped__", "__name__", "__qualname__", "__module__
                           "__annotations__", "__class__", "__dict__"})
 
 
+class ClassWrapper(TargetWrapper):
+    """The wrap of a class. ``__dict__`` is a copy of the class's (wrapt's is the class's own
+    read-only ``mappingproxy``), as ``inspect.getattr_static`` wants: ``torch.compile`` (Dynamo)
+    looks at every object so, and with the ``mappingproxy`` fails with an internal error
+    ("descriptor 'get' for 'dict' objects doesn't apply to a 'mappingproxy' object"); with a dict
+    a compiled caller breaks the graph at the call (the wrap runs), and under ``fullgraph=True``
+    Dynamo says it cannot trace ``ClassWrapper.__call__``."""
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        return dict(vars(self.__wrapped__))
+
+
 class HiddenWrapper(TargetWrapper):
     """A wrapper that is a property's ``fget`` / ``fset`` / ``fdel`` or a classmethod's function.
     No name finds it (the target's name finds the property, or a bound method), so it does not
@@ -163,15 +180,71 @@ def _instances_by_reference(cls: type, target: tuple[str, str]) -> None:
 
 def wrap_object(obj: Any, wrapper: Any, module: str, qualname: str) -> Any:
     """``obj`` wrapped with ``wrapper`` (wrapt's convention), installed at ``module:qualname``;
-    descriptor objects are wrapped inside, so the descriptor kind is kept."""
+    descriptor objects are wrapped inside, so the descriptor kind is kept. A Python function (in
+    a staticmethod or classmethod too) is wrapped by a generated Python function (``wrapping``),
+    which ``torch.compile`` traces; anything else (a class, a builtin, a callable object, a bound
+    method, a property's getter) by wrapt's proxy."""
     target = (module, qualname)
+    in_class = "." in qualname
     if isinstance(obj, staticmethod):
+        if type(obj.__func__) is FunctionType:
+            return staticmethod(wrapping(obj.__func__, wrapper, module, qualname, FUNCTION))
         return staticmethod(TargetWrapper(obj.__func__, wrapper, target))
     if isinstance(obj, classmethod):
+        if type(obj.__func__) is FunctionType:
+            func = wrapping(obj.__func__, wrapper, module, f"{qualname}.__func__", METHOD)
+            return classmethod(func)
         return classmethod(HiddenWrapper(obj.__func__, wrapper, target))
     if isinstance(obj, property):
         assert obj.fget is not None
+        if type(obj.fget) is FunctionType:  # named as pickle finds it (see objects.settle)
+            fget = wrapping(obj.fget, wrapper, module, f"{qualname}.fget", METHOD)
+            return property(fget, obj.fset, obj.fdel, obj.__doc__)
         return property(HiddenWrapper(obj.fget, wrapper, target), obj.fset, obj.fdel, obj.__doc__)
+    if type(obj) is FunctionType:
+        return wrapping(obj, wrapper, module, qualname, METHOD if in_class else FUNCTION)
     if isinstance(obj, type):  # its instances would name the wrapper as their class
         _instances_by_reference(obj, target)
+        return ClassWrapper(obj, wrapper, target)
     return TargetWrapper(obj, wrapper, target)
+
+
+# -- Wraps of Python functions: generated Python functions ----------------------------------------
+#
+# wrapt's proxy claims to be the function it wraps (``__class__``, ``__code__``): torch.compile
+# (Dynamo) inlines the *original's* code, so a compiled caller runs unpatched, and a wrapt proxy of
+# a method bound to an instance is an object Dynamo cannot trace at all. A plain Python function
+# calling the wrapper is what Dynamo inlines (and what ``replace(original=True)`` installs):
+# compiled and eager run the same code. Its binding is fixed when it is made, from where it sits:
+# at module level (or in a staticmethod) ``wrapper(original, None, args, kwargs)``; in a class a
+# method, ``wrapper(<original bound to self>, self, args, kwargs)`` (a classmethod: bound to the
+# class). A method wrap that a ``@staticmethod`` applied after the wrap turns into a staticmethod
+# is made again as a function (``restaff``, from ``objects.settle``).
+
+FUNCTION, METHOD = "function", "method"
+
+
+def wrapping(original: Any, wrapper: Any, module: str, qualname: str, kind: str) -> Any:
+    """A Python function calling ``wrapper`` with wrapt's arguments, named as the target (pickle
+    finds it by name), with the original's ``__doc__``, ``__dict__``, ``__annotations__`` and
+    ``__wrapped__`` (``inspect.signature`` shows the original's signature)."""
+    if kind == FUNCTION:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return wrapper(original, None, args, kwargs)
+    else:
+        def call(self: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            return wrapper(original.__get__(self, type(self)), self, args, kwargs)
+
+    functools.update_wrapper(call, original)
+    call.__module__, call.__qualname__ = module, qualname
+    call.__name__ = qualname.rpartition(".")[2]
+    call._importpatch_wrap = (kind, original, wrapper)  # type: ignore[attr-defined]
+    return call
+
+
+def restaff(func: Any, module: str, qualname: str) -> Any:
+    """A wrap made as a method that a ``staticmethod`` now holds: the same wrap as a function."""
+    made = getattr(func, "_importpatch_wrap", None)
+    if made is None or made[0] != METHOD or getattr(func, "__qualname__", None) != qualname:
+        return None
+    return wrapping(made[1], made[2], module, qualname, FUNCTION)

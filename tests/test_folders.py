@@ -244,3 +244,49 @@ def test_a_declaration_that_starts_python_does_not_start_discovery_again(lab: La
     assert proc.stdout.split() == ["done"]
     assert proc.stderr.count("not activated: RuntimeError: started by patch code while process"
                              ) == 1, proc.stderr
+
+
+ONE = {"one.py": '''
+    from importpatch import Patch
+    Patch("toy-basic").replace("tpkg.mod:one", lambda: "patched")
+    '''}
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink"])
+def test_the_same_patch_file_reached_twice_is_one_patch(lab: Lab, how: str) -> None:
+    # A folder and a link to it in IMPORTPATCH_PATH, or a hard-linked copy (cp -al): the same
+    # file, one patch; not "patches 'toy-basic' and 'toy-basic' both replace one".
+    lab.patch(ONE)
+    twin = lab.root / "twin"
+    if how == "symlink":
+        twin.symlink_to(lab.patches, target_is_directory=True)
+    else:
+        twin.mkdir()
+        os.link(lab.patches / "one.py", twin / "one.py")
+    env = {"IMPORTPATCH_PATH": os.pathsep.join([str(lab.patches), str(twin)])}
+    for _ in range(2):  # cold, then from the index
+        proc = lab.ok("import tpkg.mod; print(tpkg.mod.one())", enable="toy-basic", env=env)
+        assert proc.stdout.strip() == "patched"
+        assert "importpatch: warning" not in proc.stderr, proc.stderr
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable="toy-basic",
+                               env=env).stdout)
+    mine = [r for r in listed["patches"] if r["origin"] == "folder"]
+    assert [(r["name"], r["error"]) for r in mine] == [("toy-basic", None)]
+    assert listed["problems"] == []
+
+
+def test_two_files_declaring_one_name_is_an_error_naming_both(lab: Lab) -> None:
+    lab.patch(ONE)
+    other = lab.root / "other"
+    other.mkdir()
+    (other / "copy.py").write_text((lab.patches / "one.py").read_text() + "# edited\n")
+    env = {"IMPORTPATCH_PATH": os.pathsep.join([str(lab.patches), str(other)])}
+    files = [str(lab.patches / "one.py"), str(other / "copy.py")]
+    proc = lab.run("import tpkg.mod; print(tpkg.mod.one())", enable="toy-basic", env=env)
+    assert proc.returncode != 0 and "patched" not in proc.stdout  # fails closed
+    assert "both replace" not in proc.stderr
+    assert all(f in proc.stderr for f in files), proc.stderr
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable="toy-basic",
+                               env=env).stdout)
+    errors = [r["error"] or "" for r in listed["patches"] if r["origin"] == "folder"]
+    assert len(errors) == 2 and all(f in e for e in errors for f in files), errors

@@ -164,7 +164,7 @@ def test_sched_step_trace_appends_one_json_line_per_step_to_the_file_the_path_na
     code = (
         "import os, types\n"
         "from vllm.v1.core.sched.scheduler import Scheduler\n"
-        "trace_step = vars(Scheduler)['schedule']._self_wrapper\n"
+        "trace_step = vars(Scheduler)['schedule']._importpatch_wrap[2]\n"
         "flush = trace_step.__globals__['flush']\n"
         "scheduler = types.SimpleNamespace(current_step=7, running=[1, 2, 3], waiting=[4])\n"
         "def step(*ids):\n"

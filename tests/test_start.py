@@ -563,11 +563,14 @@ def test_a_pythonpath_folder_that_appears_after_the_stamp_is_seen(
         assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
 
 
+@pytest.mark.parametrize("planted_as", ["file", "symlink"])
 def test_a_stamp_another_user_planted_is_not_trusted(
-    venv_factory: Callable[..., Venv], built_wheel: Path, wheel_venv: Venv, tmp_path: Path
+    venv_factory: Callable[..., Venv], built_wheel: Path, wheel_venv: Venv, tmp_path: Path,
+    planted_as: str,
 ) -> None:
     # XDG_CACHE_HOME on a shared folder: another user made importpatch/s/ before us and put an
-    # empty stamp named for our site folder there. The hook refuses that cache (not ours), and
+    # empty stamp named for our site folder there (a file, or a link to an empty file of ours such
+    # as /etc/subgid, which stat() would believe). The hook refuses that cache (not ours), and
     # the .pth line must not take that stamp's word that nothing is on.
     import pwd
 
@@ -585,10 +588,16 @@ def test_a_stamp_another_user_planted_is_not_trusted(
     st = venv.site_packages.stat()
     path_len = written.name.rsplit("-", 1)[1]
     planted = written.with_name(f"{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{path_len}")
-    written.rename(planted)
     nobody = pwd.getpwnam("nobody").pw_uid
+    if planted_as == "file":
+        written.rename(planted)
+    else:
+        empty = tmp_path / "empty-file-of-ours"
+        empty.write_bytes(b"")
+        written.unlink()
+        planted.symlink_to(empty)
     for p in (planted, planted.parent, planted.parent.parent):
-        os.chown(p, nobody, -1)
+        os.chown(p, nobody, -1, follow_symlinks=False)
     proc = venv.run(read, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
     assert "owned by another user" in proc.stderr
@@ -627,3 +636,155 @@ def test_real_ctrl_c_during_discovery_stops_python_and_writes_nothing(lab: Lab) 
     proc = lab.ok(READ, enable="slow")
     assert proc.stdout.strip() == "patched"
     assert counter.read_text().splitlines() == ["ran", "ran", "ran"]  # scan again, then at import
+
+
+SPIN = """\
+with open({counter!r}, "a") as f:
+    f.write("ran\\n")
+while True:
+    pass
+"""
+
+
+def test_a_declaration_that_never_returns_is_recorded_broken_and_not_run_again(lab: Lab) -> None:
+    # `while True: pass` in a declaration hung every start (python -c pass, pip, importpatch list
+    # and doctor). Now it is cut off after IMPORTPATCH_DISCOVERY_TIMEOUT, warned about like one
+    # that raises, recorded in the index, and not run again until it changes.
+    counter = lab.root / "executions"
+    lab.patch({"spin.py": SPIN.format(counter=str(counter)), "good.py": """
+        from importpatch import Patch
+        Patch("good").replace("tpkg.mod:f", lambda: "patched")
+        """})
+    time.sleep(0.1)  # not racy: the index is written
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": "2"}
+    proc = lab.run(READ, enable="good", env=env, timeout=90)
+    assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    (warning,) = [w for w in warnings_of(proc.stderr) if "spin" in w]
+    assert "did not finish" in warning and "IMPORTPATCH_DISCOVERY_TIMEOUT" in warning, warning
+    assert counter.read_text().splitlines() == ["ran"]
+    for args in (["-c", "pass"], ["-m", "importpatch", "list"], ["-m", "importpatch", "doctor"],
+                 ["-m", "pip", "--version"]):
+        proc = lab.run(args, enable=None, env=env, timeout=90)
+        assert proc.returncode in (0, 1) and not proc.stderr.count("Traceback"), proc.stderr
+    assert counter.read_text().splitlines() == ["ran"]  # never run again
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None).stdout)
+    (row,) = [r for r in listed["patches"] if r["source"].endswith("spin.py")]
+    assert "did not finish" in row["error"]
+    # Changed, it is run again (and now declares).
+    (lab.patches / "spin.py").write_text(
+        "from importpatch import Patch\nPatch('spin').replace('tpkg.mod:g', lambda: 'spun')\n")
+    time.sleep(0.1)
+    proc = lab.ok("import tpkg.mod; print(tpkg.mod.g())", enable="spin", env=env)
+    assert proc.stdout.strip() == "spun" and not warnings_of(proc.stderr), proc.stderr
+
+
+def test_a_patch_package_whose_import_never_returns_does_not_hang_start(
+    lab: Lab, tmp_path: Path
+) -> None:
+    # The same for a package of patches (entry point) that declares a patch on by default: the
+    # start of `python -c pass` with no variable that enables anything.
+    from coreutil import install_dist
+
+    counter = lab.root / "executions"
+    install_dist(lab.venv, lab.targets, "spinpkg", "0.1.0", {
+        "spinpkg/__init__.py": "from importpatch import Patch\n"
+                               "Patch('spun', default=True).replace('tpkg.mod:g', "
+                               "lambda: 'spun')\n" + SPIN.format(counter=str(counter)),
+    }, top_level=["spinpkg"], entry_points="[importpatch.patches]\nspin = spinpkg\n")
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": "2", "IMPORTPATCH_PATH": None}
+    for _ in range(2):
+        proc = lab.run("pass", enable=None, env=env, timeout=90)
+        assert proc.returncode == 0, proc.stderr
+        assert any("did not finish" in w for w in warnings_of(proc.stderr)), proc.stderr
+    assert counter.read_text().splitlines() == ["ran"]
+    proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable=None, env=env, timeout=90)
+    assert "spun" not in proc.stdout
+
+
+@pytest.mark.parametrize("broken", ["_boot.py", "config.py"])
+def test_patches_enabled_while_importpatch_cannot_load_fail_closed(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path, broken: str
+) -> None:
+    # A reinstall in progress (pip removed or has not yet written a module) or a broken install:
+    # the hook cannot start. With patches enabled, the import of what they target fails with the
+    # reason instead of running unpatched with exit 0; unrelated imports still work.
+    venv = venv_factory(str(built_wheel), name=f"broken-install-{broken[:-3]}")
+    lab = Lab(venv, tmp_path).target(TARGET)
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    assert lab.ok(READ, enable="p").stdout.strip() == "patched"  # a healthy start first
+    module = venv.site_packages / "importpatch" / broken
+    if broken == "_boot.py":
+        module.unlink()  # not there yet
+    else:
+        module.write_text("raise ImportError('half-written')\n")
+    for cached in (venv.site_packages / "importpatch" / "__pycache__").glob(
+            broken[:-3] + ".*.pyc"):
+        cached.unlink()
+    proc = lab.run(READ, enable="p")
+    assert proc.returncode != 0 and "patched" not in proc.stdout and "orig" not in proc.stdout
+    assert "fails closed rather than run unpatched" in proc.stderr, proc.stderr
+    assert "IMPORTPATCH_OFF=1" in proc.stderr
+    proc = lab.run("import vllm", enable="p")  # vllm: always, where a variable enables patches
+    assert "fails closed rather than run unpatched" in proc.stderr, proc.stderr
+    proc = lab.run("import json; print('fine')", enable="p")
+    assert proc.returncode == 0 and proc.stdout.strip() == "fine", proc.stderr
+    assert "not activated" in proc.stderr
+    proc = lab.run(READ, enable=None, env={"IMPORTPATCH_PATH": None})  # nothing enabled
+    assert proc.returncode == 0 and proc.stdout.strip() == "orig", proc.stderr
+
+
+CULPRIT = {
+    "culprit/__init__.py": "",
+    "culprit/_util.py": "NAME = 'culprit-g'\n",
+    "culprit/patches.py": """\
+        import tpkg.mod  # imports a target while it declares (an object target, the blog style)
+        from importpatch import Patch
+        from culprit._util import NAME
+        Patch(NAME).replace("tpkg.mod:g", lambda: "culprit")
+        """,
+}
+
+
+@pytest.mark.parametrize("timeout", ["20", "0"])  # the child scan, and the in-process one
+def test_a_package_importing_a_target_breaks_only_its_own_patches(
+    lab: Lab, timeout: str
+) -> None:
+    # A patch package whose declaration imports tpkg.mod made every patch on tpkg.mod fail
+    # ("patch code imports tpkg.mod ... (entry point culprit ... imports it)", blaming the other
+    # patch's file). The others still land at the definition site; the message of its own patch
+    # names the package at fault.
+    from coreutil import install_dist
+
+    install_dist(lab.venv, lab.targets, "culprit", "0.1.0", CULPRIT, top_level=["culprit"],
+                 entry_points="[importpatch.patches]\nculprit = culprit.patches\n")
+    lab.patch({"good.py": "from importpatch import Patch\n"
+                          "Patch('good').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": timeout}
+    for _ in range(2):  # cold, then from the index
+        proc = lab.run(READ, enable="good", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None,
+                               env=env).stdout)
+    errors = {r["name"]: r["error"] for r in listed["patches"] if r["origin"] != "builtin"}
+    assert errors["good"] is None
+    assert "entry point culprit = culprit.patches imports it" in errors["culprit-g"]
+    proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable="culprit-g", env=env)
+    assert proc.returncode != 0 and "culprit.patches" in proc.stderr, proc.stderr
+
+
+def test_check_does_not_count_a_package_importing_itself(lab: Lab) -> None:
+    from coreutil import install_dist
+
+    files = dict(CULPRIT, **{"culprit/patches.py": """\
+        from importpatch import Patch
+        from culprit._util import NAME
+        Patch(NAME).replace("tpkg.mod:g", lambda: "culprit")
+        """})
+    install_dist(lab.venv, lab.targets, "culprit", "0.1.0", files, top_level=["culprit"],
+                 entry_points="[importpatch.patches]\nculprit = culprit.patches\n")
+    report = json.loads(lab.ok(["-m", "importpatch", "check", "--json"], enable=None).stdout)
+    (row,) = [p for p in report["patches"] if p["name"] == "culprit-g"]
+    assert not any("imports culprit" in w for w in row["warnings"]), row["warnings"]
