@@ -259,6 +259,10 @@ def load_index(toggles: config.Toggles) -> Index:
     started = time.time_ns()
     entries, watched, entry_points, imported_by, here = scan_bounded(
         index.folders, index.dirs, index.user_site)
+    if not here:
+        # As the scan in this process counts them: a module this process had imported before
+        # (a late enable() after its target's import) was not loaded unpatched by the patch code.
+        imported_by = {m: s for m, s in imported_by.items() if m not in sys.modules}
     _flag_imported_targets(entries, imported_by)
     _flag_duplicate_names(entries)
     index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
