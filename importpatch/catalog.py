@@ -69,10 +69,10 @@ if TYPE_CHECKING:
     from .declare import Patch
 
 GROUP = "importpatch.patches"
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 _FIELDS = (
     "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
-    "kinds", "doc", "error", "unsure",
+    "kinds", "doc", "error", "unsure", "defined",
 )
 # A file modified this close to the moment its signature was taken may change again without
 # changing its timestamp (coarse file-system clocks): such an index is not written.
@@ -98,6 +98,9 @@ class Entry:
     doc: str
     error: str | None
     unsure: bool
+    # "module:Qualname" of an importpatch.compat patch class with a string target: a process
+    # that needs it imports that module instead of calling the entry point's function again.
+    defined: str | None
 
     def __init__(self, **fields: Any) -> None:
         for name in _FIELDS:
@@ -122,7 +125,7 @@ class Entry:
             on_error=patch.on_error,
             modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
             kinds=tuple(patch.kinds), doc=patch.doc, error=error,
-            _patch=None if error else patch,
+            defined=getattr(patch, "class_path", None), _patch=None if error else patch,
         )
 
     def __repr__(self) -> str:
@@ -788,6 +791,33 @@ def _load_entry_point_module(entry: Entry) -> None:
         _ep_patches[p.name] = p
 
 
+def _load_patch_class(entry: Entry) -> None:
+    """An indexed importpatch.compat patch class (``entry.defined``): import the module that
+    defines it, not call the entry point's function (``register_patches``) once more. vLLM's
+    ``load_general_plugins`` calls that function in the same process: calling it here too ran
+    the user's code twice (their own PatchManager listed every patch twice)."""
+    import importlib
+
+    from .declare import collecting
+
+    module, _, qual = str(entry.defined).partition(":")
+
+    def load() -> Any:
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        from . import compat
+
+        return compat.declaration_of(obj, entry.name)
+
+    with collecting():
+        patch, exc = run_patch_code(load, entry.source)
+    if exc is not None:
+        raise DeclarationFailed(exc, [])
+    patch.source, patch.origin = entry.source, "entry-point"
+    _ep_patches[patch.name] = patch
+
+
 def load_patch(entry: Entry) -> Patch:
     """The Patch object behind an index entry (executes its declaration the first time). Raises
     an Exception (never anything else) when the declaration is broken."""
@@ -798,6 +828,8 @@ def load_patch(entry: Entry) -> Patch:
     if entry.file:
         patches = _load_file(entry.file)
     else:
+        if entry.name not in _ep_patches and entry.defined:
+            _load_patch_class(entry)
         if entry.name not in _ep_patches:
             _load_entry_point_module(entry)
         patches = [_ep_patches[entry.name]] if entry.name in _ep_patches else []

@@ -174,6 +174,37 @@ print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches]))
     assert by_name["PriorityScheduler"]["doc"] == "Priority first."
 
 
+def test_register_patches_runs_once_per_process_with_string_targets(
+    lab: Lab, tmp_path: Path,
+) -> None:
+    # importpatch called the entry point's register_patches to find the classes when a target
+    # was imported, and vLLM's load_general_plugins called it again: the user's code ran twice
+    # and their own PatchManager listed every patch twice. It runs once, vLLM's call.
+    pkg = {k: v for k, v in files(STRING_TARGETS, compat=True, entry_point=True,
+                                  vllm_core=False).items() if k != "setup.py"}
+    init = f"{PACKAGE}/__init__.py"
+    pkg[init] = pkg[init].replace("    manager.apply_from_env()", (
+        '    open(os.environ["REGISTER_LOG"], "a").write(f"{os.getpid()}\\n")\n'
+        "    manager.apply_from_env()"))
+    install_dist(lab.venv, lab.targets, "vllm-custom-patches", "0.1.0", pkg,
+                 entry_points=entry_points(entry_point=True), top_level=[PACKAGE])
+    log = tmp_path / "register.log"
+    env = custom("PriorityScheduler,KVBlockSizes", REGISTER_LOG=str(log))
+    for start in ("cold", "warm"):  # the first process builds the index
+        out = lab.json(READ + f'''
+import os
+first = report("start")
+import {PACKAGE}
+{PACKAGE}.register_patches()  # what vLLM's load_general_plugins() does
+print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches, os.getpid()]))
+''', enable=None, env=env)
+        first, after_plugin, applied, pid = out
+        assert first[1:3] == [["patched", 1], "patched:priority"], start
+        assert after_plugin[3] == first[3]
+        assert log.read_text().split().count(str(pid)) == 1, (start, log.read_text())
+        assert applied == ["PriorityScheduler", "KVBlockSizes"], start
+
+
 def test_importpatch_enable_works_the_same_and_unknown_custom_names_are_not_warned(
     lab: Lab,
 ) -> None:
