@@ -39,9 +39,12 @@ Invariants:
 - A declaration must not import a module that its own patches target: in the first process
   after a change that module would load unpatched. Those patches are broken (the message names
   the declaration and says what to change) in every process; other sources' patches on that
-  module are not affected. Declarations run in a child process under a time limit
-  (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the process is recorded
-  broken like one that raises, and the process that builds the index imports nothing they
+  module are not affected. They fail closed rather than apply in place after the module loaded
+  (as late activation does): in place misses what the module's import did with the original
+  (subclasses, registries, copies no one can prove), which a patch on at start promises to
+  reach; the message spells out the string target. Declarations run in a child process under a
+  time limit (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the process is
+  recorded broken like one that raises, and the process that builds the index imports nothing they
   import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they
   imported that a chosen patch targets, so its next import is patched or fails closed.) The
   cold process also forgets the Patch objects it made while scanning from patch files: like
@@ -540,10 +543,29 @@ def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) ->
         e.error = (
             f"patch code imports {module}, which {e.name} patches, while it is declared "
             f"({by} imports it): in the first process after a change {module} would load "
-            "unpatched. Move the import into the function that uses it (or import it inside the "
-            "replacement), and declare targets as strings"
+            "unpatched, and patched in place after it ran a patch misses what its import did "
+            "with the original, so it is not applied. Move the import into the function that "
+            f"uses it (delete the module-level `import {module}` / `from {module} import ...`, "
+            "or import it inside the replacement), and give the target as a string: "
+            f"{_string_form(e, module)}"
         )
         e._patch = None
+
+
+def _string_form(e: Entry, module: str) -> str:
+    """How the patch names its targets on ``module`` as strings: ``VLLMPatch['m:Class']`` for an
+    importpatch.compat class (its operations are ``set``s of the class's attributes), else the
+    target strings of its operations."""
+    mine = [t for t in e.targets or () if t.partition(":")[0].split("|")[0] == module] or [
+        t for t in e.targets or ()]
+    if "set" in (e.kinds or ()):
+        owners = []
+        for t in mine:
+            mod, _, qual = t.partition(":")
+            owner = qual.rpartition(".")[0]
+            owners.append(f"{mod}:{owner}" if owner else mod)
+        return ", ".join(f"VLLMPatch[{o!r}]" for o in dict.fromkeys(owners))
+    return ", ".join(repr(t) for t in dict.fromkeys(mine))
 
 
 def _flag_duplicate_names(entries: list[Entry]) -> None:

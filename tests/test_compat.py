@@ -205,6 +205,31 @@ print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches, os
         assert applied == ["PriorityScheduler", "KVBlockSizes"], start
 
 
+def test_a_string_target_the_package_also_imports_fails_closed_with_the_exact_fix(
+    lab: Lab,
+) -> None:
+    # The post's module after the migration, its import of Scheduler kept: that patch is not
+    # applied (fail closed, not in place: see catalog's docstring), and the message spells out
+    # the fix; the package's other patch still lands at the definition site.
+    name, cls, text = STRING_TARGETS["priority_scheduler"]
+    patches = dict(STRING_TARGETS, priority_scheduler=(name, cls, text.replace(
+        "{IMPORT}", "{IMPORT}\n        from tpkg.sched import Scheduler")))
+    install(lab, patches, entry_point=True)
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None).stdout)
+    errors = {p["name"]: p["error"] for p in listed["patches"] if p["origin"] == "entry-point"}
+    assert errors["KVBlockSizes"] is None
+    fix = "from tpkg.sched import ...`"
+    assert fix in errors["PriorityScheduler"]
+    assert "VLLMPatch['tpkg.sched:Scheduler']" in errors["PriorityScheduler"]
+    proc = lab.run("import tpkg.sched", enable=None, env=custom("PriorityScheduler"))
+    assert proc.returncode != 0 and "VLLMPatch['tpkg.sched:Scheduler']" in proc.stderr
+    assert f"entry point custom_patches = {PACKAGE}:register_patches" in proc.stderr
+    out = lab.json(READ + 'print(json.dumps(report("x")))', enable=None,
+                   env=custom("KVBlockSizes"))
+    assert out[1] == ["patched", 1]
+    assert out[3] == [["applied", "KVBlockSizes", "tpkg.kv:resolve", "definition-site"]]
+
+
 def test_importpatch_enable_works_the_same_and_unknown_custom_names_are_not_warned(
     lab: Lab,
 ) -> None:
