@@ -39,9 +39,12 @@ Invariants:
 - A declaration must not import a module that its own patches target: in the first process
   after a change that module would load unpatched. Those patches are broken (the message names
   the declaration and says what to change) in every process; other sources' patches on that
-  module are not affected. Declarations run in a child process under a time limit
-  (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the process is recorded
-  broken like one that raises, and the process that builds the index imports nothing they
+  module are not affected. They fail closed rather than apply in place after the module loaded
+  (as late activation does): in place misses what the module's import did with the original
+  (subclasses, registries, copies no one can prove), which a patch on at start promises to
+  reach; the message spells out the string target. Declarations run in a child process under a
+  time limit (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the process is
+  recorded broken like one that raises, and the process that builds the index imports nothing they
   import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they
   imported that a chosen patch targets, so its next import is patched or fails closed.) The
   cold process also forgets the Patch objects it made while scanning from patch files: like
@@ -69,10 +72,10 @@ if TYPE_CHECKING:
     from .declare import Patch
 
 GROUP = "importpatch.patches"
-INDEX_FORMAT = 4
+INDEX_FORMAT = 5
 _FIELDS = (
     "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
-    "kinds", "doc", "error", "unsure",
+    "kinds", "doc", "error", "unsure", "defined",
 )
 # A file modified this close to the moment its signature was taken may change again without
 # changing its timestamp (coarse file-system clocks): such an index is not written.
@@ -98,6 +101,9 @@ class Entry:
     doc: str
     error: str | None
     unsure: bool
+    # "module:Qualname" of an importpatch.compat patch class with a string target: a process
+    # that needs it imports that module instead of calling the entry point's function again.
+    defined: str | None
 
     def __init__(self, **fields: Any) -> None:
         for name in _FIELDS:
@@ -122,7 +128,7 @@ class Entry:
             on_error=patch.on_error,
             modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
             kinds=tuple(patch.kinds), doc=patch.doc, error=error,
-            _patch=None if error else patch,
+            defined=getattr(patch, "class_path", None), _patch=None if error else patch,
         )
 
     def __repr__(self) -> str:
@@ -541,10 +547,29 @@ def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) ->
         e.error = (
             f"patch code imports {module}, which {e.name} patches, while it is declared "
             f"({by} imports it): in the first process after a change {module} would load "
-            "unpatched. Move the import into the function that uses it (or import it inside the "
-            "replacement), and declare targets as strings"
+            "unpatched, and patched in place after it ran a patch misses what its import did "
+            "with the original, so it is not applied. Move the import into the function that "
+            f"uses it (delete the module-level `import {module}` / `from {module} import ...`, "
+            "or import it inside the replacement), and give the target as a string: "
+            f"{_string_form(e, module)}"
         )
         e._patch = None
+
+
+def _string_form(e: Entry, module: str) -> str:
+    """How the patch names its targets on ``module`` as strings: ``VLLMPatch['m:Class']`` for an
+    importpatch.compat class (its operations are ``set``s of the class's attributes), else the
+    target strings of its operations."""
+    mine = [t for t in e.targets or () if t.partition(":")[0].split("|")[0] == module] or [
+        t for t in e.targets or ()]
+    if "set" in (e.kinds or ()):
+        owners = []
+        for t in mine:
+            mod, _, qual = t.partition(":")
+            owner = qual.rpartition(".")[0]
+            owners.append(f"{mod}:{owner}" if owner else mod)
+        return ", ".join(f"VLLMPatch[{o!r}]" for o in dict.fromkeys(owners))
+    return ", ".join(repr(t) for t in dict.fromkeys(mine))
 
 
 def _flag_duplicate_names(entries: list[Entry]) -> None:
@@ -792,6 +817,33 @@ def _load_entry_point_module(entry: Entry) -> None:
         _ep_patches[p.name] = p
 
 
+def _load_patch_class(entry: Entry) -> None:
+    """An indexed importpatch.compat patch class (``entry.defined``): import the module that
+    defines it, not call the entry point's function (``register_patches``) once more. vLLM's
+    ``load_general_plugins`` calls that function in the same process: calling it here too ran
+    the user's code twice (their own PatchManager listed every patch twice)."""
+    import importlib
+
+    from .declare import collecting
+
+    module, _, qual = str(entry.defined).partition(":")
+
+    def load() -> Any:
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        from . import compat
+
+        return compat.declaration_of(obj, entry.name)
+
+    with collecting():
+        patch, exc = run_patch_code(load, entry.source)
+    if exc is not None:
+        raise DeclarationFailed(exc, [])
+    patch.source, patch.origin = entry.source, "entry-point"
+    _ep_patches[patch.name] = patch
+
+
 def load_patch(entry: Entry) -> Patch:
     """The Patch object behind an index entry (executes its declaration the first time). Raises
     an Exception (never anything else) when the declaration is broken."""
@@ -802,6 +854,8 @@ def load_patch(entry: Entry) -> Patch:
     if entry.file:
         patches = _load_file(entry.file)
     else:
+        if entry.name not in _ep_patches and entry.defined:
+            _load_patch_class(entry)
         if entry.name not in _ep_patches:
             _load_entry_point_module(entry)
         patches = [_ep_patches[entry.name]] if entry.name in _ep_patches else []

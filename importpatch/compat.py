@@ -237,6 +237,10 @@ class ClassPatch(Patch):
         self.in_place = obj is not None
         self.live = live
         self.target_text = f"{'|'.join(modules)}:{qual}" if qual else "|".join(modules)
+        # Where a later process finds the class without running the package's register_patches
+        # (catalog.Entry.defined); an object target is never loaded by a target's import.
+        self.class_path = None if self.in_place else (
+            f"{patch_class.__module__}:{patch_class.__qualname__}")
         for attr, value in _attributes(patch_class):
             if isinstance(value, MethodType) and obj is not None:  # the post's classmethod case
                 value = MethodType(value.__func__, obj)
@@ -312,6 +316,18 @@ def declared_in(module: str) -> list[Patch]:
                 _declared[cls] = ClassPatch(cls, name_of(cls), live=False)
         out.append(_declared[cls])
     return out
+
+
+def declaration_of(patch_class: type, name: str) -> Patch:
+    """The catalog's declaration of one patch class, indexed under ``name`` (a process that
+    imports the class's module rather than calling the package's ``register_patches``)."""
+    if not (isinstance(patch_class, type) and issubclass(patch_class, VLLMPatch)):
+        raise TypeError(f"{patch_class!r} is not a VLLMPatch class")
+    if patch_class not in _declared:
+        with collecting():
+            _declared[patch_class] = ClassPatch(patch_class, name, live=False)
+    _registered.setdefault(patch_class, name)  # register_patches, which named it, has not run
+    return _declared[patch_class]
 
 
 # -- apply() ---------------------------------------------------------------------------------------

@@ -174,6 +174,62 @@ print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches]))
     assert by_name["PriorityScheduler"]["doc"] == "Priority first."
 
 
+def test_register_patches_runs_once_per_process_with_string_targets(
+    lab: Lab, tmp_path: Path,
+) -> None:
+    # importpatch called the entry point's register_patches to find the classes when a target
+    # was imported, and vLLM's load_general_plugins called it again: the user's code ran twice
+    # and their own PatchManager listed every patch twice. It runs once, vLLM's call.
+    pkg = {k: v for k, v in files(STRING_TARGETS, compat=True, entry_point=True,
+                                  vllm_core=False).items() if k != "setup.py"}
+    init = f"{PACKAGE}/__init__.py"
+    pkg[init] = pkg[init].replace("    manager.apply_from_env()", (
+        '    open(os.environ["REGISTER_LOG"], "a").write(f"{os.getpid()}\\n")\n'
+        "    manager.apply_from_env()"))
+    install_dist(lab.venv, lab.targets, "vllm-custom-patches", "0.1.0", pkg,
+                 entry_points=entry_points(entry_point=True), top_level=[PACKAGE])
+    log = tmp_path / "register.log"
+    env = custom("PriorityScheduler,KVBlockSizes", REGISTER_LOG=str(log))
+    for start in ("cold", "warm"):  # the first process builds the index
+        out = lab.json(READ + f'''
+import os
+first = report("start")
+import {PACKAGE}
+{PACKAGE}.register_patches()  # what vLLM's load_general_plugins() does
+print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches, os.getpid()]))
+''', enable=None, env=env)
+        first, after_plugin, applied, pid = out
+        assert first[1:3] == [["patched", 1], "patched:priority"], start
+        assert after_plugin[3] == first[3]
+        assert log.read_text().split().count(str(pid)) == 1, (start, log.read_text())
+        assert applied == ["PriorityScheduler", "KVBlockSizes"], start
+
+
+def test_a_string_target_the_package_also_imports_fails_closed_with_the_exact_fix(
+    lab: Lab,
+) -> None:
+    # The post's module after the migration, its import of Scheduler kept: that patch is not
+    # applied (fail closed, not in place: see catalog's docstring), and the message spells out
+    # the fix; the package's other patch still lands at the definition site.
+    name, cls, text = STRING_TARGETS["priority_scheduler"]
+    patches = dict(STRING_TARGETS, priority_scheduler=(name, cls, text.replace(
+        "{IMPORT}", "{IMPORT}\n        from tpkg.sched import Scheduler")))
+    install(lab, patches, entry_point=True)
+    listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None).stdout)
+    errors = {p["name"]: p["error"] for p in listed["patches"] if p["origin"] == "entry-point"}
+    assert errors["KVBlockSizes"] is None
+    fix = "from tpkg.sched import ...`"
+    assert fix in errors["PriorityScheduler"]
+    assert "VLLMPatch['tpkg.sched:Scheduler']" in errors["PriorityScheduler"]
+    proc = lab.run("import tpkg.sched", enable=None, env=custom("PriorityScheduler"))
+    assert proc.returncode != 0 and "VLLMPatch['tpkg.sched:Scheduler']" in proc.stderr
+    assert f"entry point custom_patches = {PACKAGE}:register_patches" in proc.stderr
+    out = lab.json(READ + 'print(json.dumps(report("x")))', enable=None,
+                   env=custom("KVBlockSizes"))
+    assert out[1] == ["patched", 1]
+    assert out[3] == [["applied", "KVBlockSizes", "tpkg.kv:resolve", "definition-site"]]
+
+
 def test_importpatch_enable_works_the_same_and_unknown_custom_names_are_not_warned(
     lab: Lab,
 ) -> None:

@@ -771,8 +771,12 @@ def test_a_package_importing_a_target_breaks_only_its_own_patches(
     errors = {r["name"]: r["error"] for r in listed["patches"] if r["origin"] != "builtin"}
     assert errors["good"] is None
     assert "entry point culprit = culprit.patches imports it" in errors["culprit-g"]
+    # The exact fix: which import to move, and the target as a string.
+    assert "`import tpkg.mod` / `from tpkg.mod import ...`" in errors["culprit-g"]
+    assert errors["culprit-g"].endswith("give the target as a string: 'tpkg.mod:g'")
     proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable="culprit-g", env=env)
     assert proc.returncode != 0 and "culprit.patches" in proc.stderr, proc.stderr
+    assert "'tpkg.mod:g'" in proc.stderr
 
 
 def test_check_does_not_count_a_package_importing_itself(lab: Lab) -> None:
