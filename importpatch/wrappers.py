@@ -247,4 +247,6 @@ def restaff(func: Any, module: str, qualname: str) -> Any:
     made = getattr(func, "_importpatch_wrap", None)
     if made is None or made[0] != METHOD or getattr(func, "__qualname__", None) != qualname:
         return None
-    return wrapping(made[1], made[2], module, qualname, FUNCTION)
+    # Wraps chained on one target (order): each inner one was made as a method too.
+    inner = restaff(made[1], module, qualname) or made[1]
+    return wrapping(inner, made[2], module, qualname, FUNCTION)

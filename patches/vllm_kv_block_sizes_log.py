@@ -43,8 +43,9 @@ def log_block_sizes(wrapped, instance, args, kwargs):
         for g in getattr(kv_cache_config, "kv_cache_groups", [])
     ]
     frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("wrapt"):
-        frame = frame.f_back  # wrapt's pure-Python fallback adds frames of its own
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+            ("wrapt", "importpatch.")):
+        frame = frame.f_back  # the wrap's own frame (importpatch.wrappers; wrapt's fallback)
     caller = frame.f_globals.get("__name__")
     logging.getLogger("importpatch.vllm").info(
         "kv block sizes: scheduler=%s hash=%s groups=%s (pid %s, caller %s)",
