@@ -173,3 +173,34 @@ def test_late_activation_events_carry_the_chain_too(lab: Lab) -> None:
     assert links(chain["links"]) == [("wrap", "zeta-late", -10, False),
                                      ("wrap", "alpha-late", 0, False)]
     assert {lk["how"] for lk in chain["links"]} == {"in-place"}
+
+
+STATIC_TARGET = {
+    "spk/__init__.py": "",
+    "spk/core.py": '''
+        class Engine:
+            @staticmethod
+            def run(x, y=1):
+                return x + y
+        ''',
+}
+STATIC_WRAPS = {f"w{i}.py": f'''
+from importpatch import Patch
+p = Patch("w{i}")
+
+@p.wrap("spk.core:Engine.run", order={i})
+def w(wrapped, instance, args, kwargs):
+    return [{i}, instance, wrapped(*args, **kwargs)]
+''' for i in range(3)}
+
+
+def test_chained_wraps_of_a_staticmethod_all_run_as_functions(tmp_path: Path,
+                                                             wheel_venv: Venv) -> None:
+    """Three wraps of one staticmethod (vLLM's EngineCoreProc.run_engine_core in the ports): the
+    wraps are made before ``@staticmethod`` applies, as methods, and every one of them, not only
+    the outermost, is made again as a function (the inner ones called with a missing self)."""
+    lab = Lab(wheel_venv, tmp_path).target(STATIC_TARGET).patch(STATIC_WRAPS)
+    out = lab.json("import json, spk.core as c; "
+                   "print(json.dumps([c.Engine.run(1), c.Engine().run(2, y=3)]))",
+                   enable="w0,w1,w2")
+    assert out == [[2, None, [1, None, [0, None, 2]]], [2, None, [1, None, [0, None, 5]]]]
