@@ -528,15 +528,7 @@ def copy_edges(
     stars: list[tuple[str, int]] = []
     modules: dict[str, str] = {}  # local name -> module it may be bound to
 
-    def chain(expr: ast.expr) -> list[str] | None:
-        parts: list[str] = []
-        while isinstance(expr, ast.Attribute):
-            parts.append(expr.attr)
-            expr = expr.value
-        if not isinstance(expr, ast.Name):
-            return None
-        parts.append(expr.id)
-        return parts[::-1]
+    chain = _dotted  # ``a.b.c`` -> ["a", "b", "c"]
 
     def sources(expr: ast.expr, scope_quals: dict[str, str]) -> list[tuple[str, str]]:
         parts = chain(expr)
