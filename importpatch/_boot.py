@@ -316,8 +316,10 @@ def _choice_problems(
     toggles: Any, entries: list[Entry], chosen: list[Entry]
 ) -> list[tuple[str, str]]:
     """(once-key, message) of each problem with the chosen patches: the warnings every process
-    prints, and what strict mode stops on."""
+    prints, and what strict mode stops on. (A patch whose declaration imports its own target but
+    can land in place is not one outside strict mode: it warns when it is applied.)"""
     from . import config
+    from .catalog import in_place_only
 
     out = []
     known = {e.name for e in entries}
@@ -334,7 +336,7 @@ def _choice_problems(
     for e in entries:
         # Enabled and broken, or broken before it said what it declares (it may hold a patch on
         # by default).
-        if e.error and (e in chosen or e.unsure):
+        if e.error and (e in chosen or e.unsure) and (toggles.strict or not in_place_only(e)):
             out.append((f"broken:{e.source}", f"patch {e.name} ({e.source}) is broken: {e.error}"))
     return out
 

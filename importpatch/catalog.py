@@ -533,6 +533,9 @@ class _NewModules:
                 self.into.setdefault(m, self.source)
 
 
+OWN_IMPORT = "patch code imports"  # how _flag_imported_targets's message starts
+
+
 def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) -> None:
     """A patch whose own declaration imports a module it targets is broken. Only its own: the
     patches of other sources on that module still land at its definition site (discovery runs
@@ -541,7 +544,7 @@ def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) ->
         own = {e.source, e.file} - {None}
         hits = [(m, imported_by[m]) for group in e.modules for m in group
                 if imported_by.get(m) in own]
-        if not hits or (e.error and e.error.startswith("patch code imports")):
+        if not hits or (e.error and e.error.startswith(OWN_IMPORT)):
             continue
         module, by = hits[0]
         e.error = (
@@ -551,12 +554,12 @@ def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) ->
             "with the original, so it is not applied. Move the import into the function that "
             f"uses it (delete the module-level `import {module}` / `from {module} import ...`, "
             "or import it inside the replacement), and give the target as a string: "
-            f"{_string_form(e, module)}"
+            f"{string_form(e, module)}"
         )
         e._patch = None
 
 
-def _string_form(e: Entry, module: str) -> str:
+def string_form(e: Entry, module: str) -> str:
     """How the patch names its targets on ``module`` as strings: ``VLLMPatch['m:Class']`` for an
     importpatch.compat class (its operations are ``set``s of the class's attributes), else the
     target strings of its operations."""
@@ -844,10 +847,26 @@ def _load_patch_class(entry: Entry) -> None:
     _ep_patches[patch.name] = patch
 
 
+def in_place_only(entry: Entry) -> bool:
+    """Whether ``entry`` is a patch package's (an entry point's, not a patch file's) whose
+    declaration imports a module its patches target, and every operation of it can still land in
+    place after that module ran (replace, wrap, add, subclass, set: not a diff, transform or
+    field op, which need the module's code before it runs). Outside strict mode such a patch is
+    applied in place right after the module executes (importpatch/late.py,
+    ``apply_own_import``), with a warning, instead of failing closed. (A patch file that imports
+    its target fails closed: its author writes string targets already and only has to move the
+    import.)"""
+    from .declare import CODE_KINDS
+
+    return bool(entry.error and not entry.file and entry.error.startswith(OWN_IMPORT)
+                and entry.kinds and not set(entry.kinds) & set(CODE_KINDS))
+
+
 def load_patch(entry: Entry) -> Patch:
     """The Patch object behind an index entry (executes its declaration the first time). Raises
-    an Exception (never anything else) when the declaration is broken."""
-    if entry.error:
+    an Exception (never anything else) when the declaration is broken (not for one that is
+    only applied in place: ``in_place_only``)."""
+    if entry.error and not in_place_only(entry):
         raise RuntimeError(entry.error)
     if entry._patch is not None:
         return entry._patch
@@ -867,7 +886,7 @@ def load_patch(entry: Entry) -> Patch:
 
 
 # Errors that running the declaration again cannot clear (or must not risk: a hang).
-NOT_RETRIED = ("patch code imports", "patch name ", "did not finish")
+NOT_RETRIED = (OWN_IMPORT, "patch name ", "did not finish")
 
 
 def retry_declaration(entry: Entry) -> None:

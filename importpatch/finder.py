@@ -252,6 +252,7 @@ class PatchLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
+        from .catalog import in_place_only
         from .errors import PatchError
 
         build = self._build()
@@ -278,7 +279,14 @@ class PatchLoader:
                 "the module's code ran without importpatch's landings (another import hook "
                 "replaced the code it executed)", file=self.origin,
             ))
-        mark_handled(module, (e.name for e in self.entries))
+        own = [e for e in self.entries if in_place_only(e)]
+        mark_handled(module, (e.name for e in self.entries if e not in own))
+        if own:
+            # Patches whose declaration imports this module: in place, now that it ran, before
+            # the import returns (importpatch/late.py).
+            from .late import apply_own_import
+
+            apply_own_import(module, self.fullname, own)
 
     def get_code(self, fullname: str) -> CodeType:
         # runpy (python -m) executes get_code()'s result in __main__ itself: the code calls
@@ -309,9 +317,12 @@ class PatchLoader:
         events.record("failed", exc.patch, self.fullname, "import", exc.what)
 
     def _ops(self) -> list[Op]:
+        from .catalog import in_place_only
         from .errors import PatchError
 
-        patches, broken = load_patches(self.entries, self.fullname)
+        # (Those that land in place after the module ran are not built in: see exec_module.)
+        entries = [e for e in self.entries if not in_place_only(e)]
+        patches, broken = load_patches(entries, self.fullname)
         for d in broken:
             raise PatchError(
                 d.entry.name, self.fullname,

@@ -48,14 +48,14 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from .catalog import Entry
+    from .declare import Op
     from .finder import PatchFinder
 
 
 def apply_to_imported(finder: PatchFinder) -> int:
     """Patch the enabled patches' targets that are already imported; returns how many modules."""
-    from . import landing
     from .catalog import retry_declaration
-    from .errors import PatchError
     from .finder import applicable_ops, handled, load_patches, mark_handled
 
     done = 0
@@ -90,41 +90,52 @@ def apply_to_imported(finder: PatchFinder) -> int:
             )
         failed_loads = {d.entry.name for d in broken}
         mark_handled(module, (e.name for e in entries if e.name not in failed_loads))
-        ops = applicable_ops(patches, name)
-        for op in [o for o in ops if o.kind in CODE_KINDS]:
-            events.record(
-                "failed", op.patch.name, name, "in-place",
-                f"{op.kind} patches apply only when the module is imported, and {name} was "
-                "imported before patching started; enable it at interpreter start "
-                "(IMPORTPATCH_ENABLE in the environment) instead",
-            )
-        object_ops = [o for o in ops if o.kind not in CODE_KINDS]
-        if not object_ops:
-            continue
-        namespace = module.__dict__
-        try:
-            plan = landing.ModulePlan(name, object_ops, getattr(module, "__file__", None))
-        except PatchError as exc:
-            events.record("failed", exc.patch, name, "in-place", exc.what)
-            continue
-        before = {q: _raw(namespace, q) for q in plan.sites}
-        plan.apply_in_place(namespace, source_tree(module))
-        landing.register(plan)
-        for qual, original in before.items():
-            new = plan.final.get(qual)
-            if original is None or new is None or new is original:
-                continue
-            label = ",".join(sorted({o.patch.name for o in object_ops if o.qualname == qual}))
-            sites = rebind_copies(name, qual, original, new)
-            for where, how in sites:
-                events.record("info", label, where, "rebind", f"copy of {name}:{qual} ({how})")
-            listed = ", ".join(w for w, _ in sites)
-            events.record(
-                "info", label, f"{name}:{qual}", "rebind",
-                f"re-bound {len(sites)} copies in other modules" + (f": {listed}" if sites else ""),
-            )
-        done += 1
+        warn_own_import([e for e in entries if e.name not in failed_loads], name)
+        if apply_ops_in_place(name, module, applicable_ops(patches, name)):
+            done += 1
     return done
+
+
+def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op]) -> bool:
+    """Apply ``ops`` (on module ``name``, already executed) in place, all of a patch or none,
+    re-binding copies; code ops are refused. Whether anything was applied (failures are events).
+    """
+    from . import landing
+    from .errors import PatchError
+
+    for op in [o for o in ops if o.kind in CODE_KINDS]:
+        events.record(
+            "failed", op.patch.name, name, "in-place",
+            f"{op.kind} patches apply only when the module is imported, and {name} was "
+            "imported before patching started; enable it at interpreter start "
+            "(IMPORTPATCH_ENABLE in the environment) instead",
+        )
+    object_ops = [o for o in ops if o.kind not in CODE_KINDS]
+    if not object_ops:
+        return False
+    namespace = module.__dict__
+    try:
+        plan = landing.ModulePlan(name, object_ops, getattr(module, "__file__", None))
+    except PatchError as exc:
+        events.record("failed", exc.patch, name, "in-place", exc.what)
+        return False
+    before = {q: _raw(namespace, q) for q in plan.sites}
+    plan.apply_in_place(namespace, source_tree(module))
+    landing.register(plan)
+    for qual, original in before.items():
+        new = plan.final.get(qual)
+        if original is None or new is None or new is original:
+            continue
+        label = ",".join(sorted({o.patch.name for o in object_ops if o.qualname == qual}))
+        sites = rebind_copies(name, qual, original, new)
+        for where, how in sites:
+            events.record("info", label, where, "rebind", f"copy of {name}:{qual} ({how})")
+        listed = ", ".join(w for w, _ in sites)
+        events.record(
+            "info", label, f"{name}:{qual}", "rebind",
+            f"re-bound {len(sites)} copies in other modules" + (f": {listed}" if sites else ""),
+        )
+    return True
 
 
 def _raw(namespace: dict[str, Any], qual: str) -> Any:
@@ -347,3 +358,57 @@ def _exported(module: Any, name: str) -> bool:
     if public is not None:
         return name in public
     return not name.startswith("_")
+
+
+def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> None:
+    """Right after ``name`` executed (the loader's ``exec_module``, before the import returns):
+    apply in place the patches of ``entries``, whose declarations import ``name`` themselves
+    (``catalog.in_place_only``), as a late activation does, with the warning of
+    ``warn_own_import``. A declaration that does not load, or a patch refused in place (other
+    patches' chains on its target, a decorator that cannot be rebuilt) fails the import closed
+    (PatchError; ``On-Error: warn``: the event only), as at the definition site."""
+    from .errors import PatchError
+    from .finder import applicable_ops, load_patches, mark_handled
+
+    file = getattr(module, "__file__", None)
+    patches, broken = load_patches(entries, name)
+    for d in broken:
+        raise PatchError(
+            d.entry.name, name,
+            f"the patch declaration failed to load from {d.entry.source}: {d.error}", file=file,
+        )
+    mark_handled(module, (e.name for e in entries))
+    warn_own_import(entries, name)
+    seen = len(events.events())
+    apply_ops_in_place(name, module, applicable_ops(patches, name))
+    failing = {p.name: p for p in patches if p.on_error != "warn"}
+    for event in events.events()[seen:]:
+        if event["outcome"] == "failed" and event["patch"] in failing:
+            source = next(e.source for e in entries if e.name == event["patch"])
+            raise PatchError(
+                event["patch"], name,
+                f"{event['detail']} (applied in place because {source} imports {name} while "
+                "it declares its patches: give the targets as strings and drop that import)",
+                file=file,
+            )
+
+
+def warn_own_import(entries: list[Entry], module: str) -> None:
+    """Once per process and package: its patches on ``module`` are applied in place because its
+    declaration imports their target (``catalog.in_place_only``), what in place cannot reach,
+    and the fix."""
+    from .catalog import in_place_only, string_form
+
+    for e in entries:
+        if not in_place_only(e):
+            continue
+        names = sorted(x.name for x in entries if x.source == e.source and in_place_only(x))
+        events.warn_once(
+            f"own-import:{e.source}",
+            f"patch package {e.source} imports {module} while it declares its patches "
+            f"({', '.join(names)}), so they are applied in place after {module} ran: what the "
+            "module did with the originals while it executed (decorators, registries, "
+            "subclasses, default arguments) keeps them. Give the targets as strings "
+            f"('pkg.mod:Name.attr': {string_form(e, module)}) and drop the module-level import, "
+            "so that they land at the definition site",
+        )

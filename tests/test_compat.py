@@ -205,29 +205,51 @@ print(json.dumps([first, report("plugin"), {PACKAGE}.manager.applied_patches, os
         assert applied == ["PriorityScheduler", "KVBlockSizes"], start
 
 
-def test_a_string_target_the_package_also_imports_fails_closed_with_the_exact_fix(
+def test_a_string_target_the_package_also_imports_lands_in_place_with_the_exact_fix(
     lab: Lab,
 ) -> None:
-    # The post's module after the migration, its import of Scheduler kept: that patch is not
-    # applied (fail closed, not in place: see catalog's docstring), and the message spells out
-    # the fix; the package's other patch still lands at the definition site.
+    # The post's modules after the migration, their imports of the targets kept: those patches
+    # failed closed (the import of tpkg.sched raised). They land in place right after their
+    # module ran, before its import returns (tpkg.core's later `from tpkg.kv import resolve`
+    # copy sees the patch; AsyncScheduler inherits it), with one warning naming the package and
+    # the fix; `list` still shows the fix. Other patches on the module land at the definition site.
     name, cls, text = STRING_TARGETS["priority_scheduler"]
+    kv_name, kv_cls, kv_text = STRING_TARGETS["kv_block_sizes"]
     patches = dict(STRING_TARGETS, priority_scheduler=(name, cls, text.replace(
-        "{IMPORT}", "{IMPORT}\n        from tpkg.sched import Scheduler")))
+        "{IMPORT}", "{IMPORT}\n        from tpkg.sched import Scheduler")),
+        kv_block_sizes=(kv_name, kv_cls, kv_text.replace(
+            "{IMPORT}", "{IMPORT}\n        from tpkg.kv import resolve")))
     install(lab, patches, entry_point=True)
+    lab.patch({"other.py": "from importpatch import Patch\n"
+                           "Patch('other').add('tpkg.sched:Scheduler.other', 1)\n"})
     listed = json.loads(lab.ok(["-m", "importpatch", "list", "--json"], enable=None).stdout)
     errors = {p["name"]: p["error"] for p in listed["patches"] if p["origin"] == "entry-point"}
-    assert errors["KVBlockSizes"] is None
-    fix = "from tpkg.sched import ...`"
-    assert fix in errors["PriorityScheduler"]
+    assert "from tpkg.sched import ...`" in errors["PriorityScheduler"]
     assert "VLLMPatch['tpkg.sched:Scheduler']" in errors["PriorityScheduler"]
-    proc = lab.run("import tpkg.sched", enable=None, env=custom("PriorityScheduler"))
-    assert proc.returncode != 0 and "VLLMPatch['tpkg.sched:Scheduler']" in proc.stderr
-    assert f"entry point custom_patches = {PACKAGE}:register_patches" in proc.stderr
-    out = lab.json(READ + 'print(json.dumps(report("x")))', enable=None,
-                   env=custom("KVBlockSizes"))
-    assert out[1] == ["patched", 1]
-    assert out[3] == [["applied", "KVBlockSizes", "tpkg.kv:resolve", "definition-site"]]
+    for start in ("cold", "warm"):
+        proc = lab.ok(READ + 'print(json.dumps(report("x")))', enable="other",
+                      env=custom("PriorityScheduler,KVBlockSizes"))
+        out = json.loads(proc.stdout.splitlines()[-1])
+        assert out[1:3] == [["patched", 1], "patched:priority"], (start, proc.stderr)
+        assert sorted(e for e in out[3] if e[0] != "info") == [
+            ["applied", "KVBlockSizes", "tpkg.kv:resolve", "in-place"],
+            ["applied", "PriorityScheduler", "tpkg.sched:Scheduler.schedule", "in-place"],
+            ["applied", "PriorityScheduler", "tpkg.sched:Scheduler.schedule_with_priority",
+             "in-place"],
+            ["applied", "other", "tpkg.sched:Scheduler.other", "definition-site"],
+        ], start
+        (warning,) = [w for w in proc.stderr.splitlines() if "applied in place" in w]
+        assert (f"patch package entry point custom_patches = {PACKAGE}:register_patches "
+                "imports tpkg.") in warning
+        assert "'pkg.mod:Name.attr'" in warning and "registries, subclasses" in warning
+    # A patch refused in place (here: it would drop another patch's wrap landed at the
+    # definition site) fails the import closed, naming the package.
+    lab.patch({"other.py": "from importpatch import Patch\n"
+                           "Patch('other').wrap('tpkg.sched:Scheduler.schedule',\n"
+                           "    lambda w, i, a, k: 'other:' + w(*a, **k))\n"})
+    proc = lab.run("import tpkg.sched", enable="other", env=custom("PriorityScheduler"))
+    assert proc.returncode != 0, proc.stderr
+    assert f"applied in place because entry point custom_patches = {PACKAGE}:" in proc.stderr
 
 
 def test_importpatch_enable_works_the_same_and_unknown_custom_names_are_not_warned(

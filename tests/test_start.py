@@ -774,9 +774,79 @@ def test_a_package_importing_a_target_breaks_only_its_own_patches(
     # The exact fix: which import to move, and the target as a string.
     assert "`import tpkg.mod` / `from tpkg.mod import ...`" in errors["culprit-g"]
     assert errors["culprit-g"].endswith("give the target as a string: 'tpkg.mod:g'")
-    proc = lab.run("import tpkg.mod; print(tpkg.mod.g())", enable="culprit-g", env=env)
+    # Its own patch is applied in place once tpkg.mod ran (see the tests below).
+    proc = lab.ok("import tpkg.mod; print(tpkg.mod.g())", enable="culprit-g", env=env)
+    assert proc.stdout.strip() == "culprit" and "culprit.patches" in proc.stderr, proc.stderr
+
+
+OWN_IMPORT = {
+    "culprit/__init__.py": "",
+    "culprit/patches.py": """\
+        from tpkg.mod import g as _g  # imports its own target (the blog style)
+        from importpatch import Patch
+
+        def around(wrapped, instance, args, kwargs):
+            return "wrapped:" + wrapped(*args, **kwargs)
+
+        Patch("culprit-wrap").wrap("tpkg.mod:g", around)
+        """,
+    "culprit/coded.py": """\
+        import tpkg.other  # imports its own target, and an AST transform cannot apply in place
+        from importpatch import Patch
+
+        Patch("culprit-coded").transform("tpkg.other", lambda tree: tree)
+        """,
+}
+COPIED_AFTER = """\
+import multiprocessing as mp, sys
+import tpkg.mod
+import copier  # `from tpkg.mod import g`, after tpkg.mod ran
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        child = pool.apply(copier.call)
+    print(tpkg.mod.g(), copier.g(), child)
+"""
+
+
+@pytest.mark.parametrize("timeout", ["20", "0"])
+def test_a_package_importing_its_own_target_gets_its_wraps_in_place_with_one_warning(
+    lab: Lab, timeout: str
+) -> None:
+    # Issue 19, item 5: the package's own wrap failed closed ("patch code imports tpkg.mod ...",
+    # the import raised). It lands in place right after tpkg.mod ran, before that import
+    # returns: a `from tpkg.mod import g` made later, and a spawned child, see the wrap; one
+    # warning per process names the package, the string target and what in place misses.
+    from coreutil import install_dist
+
+    install_dist(lab.venv, lab.targets, "culprit", "0.1.0", OWN_IMPORT, top_level=["culprit"],
+                 entry_points="[importpatch.patches]\nculprit = culprit.patches\n"
+                              "culprit-coded = culprit.coded\n")
+    lab.target({"copier.py": "from tpkg.mod import g\n\n\ndef call():\n    return g()\n"})
+    script = lab.root / "copied_after.py"
+    script.write_text(COPIED_AFTER)
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_DISCOVERY_TIMEOUT": timeout}
+    for start in ("cold", "warm"):
+        proc = lab.ok([str(script)], enable="culprit-wrap", env=env)
+        assert proc.stdout.split() == ["wrapped:g"] * 3, (start, proc.stderr)
+        # Once per process: this one and its spawned child.
+        warning, again = [w for w in warnings_of(proc.stderr) if "in place" in w]
+        assert warning == again
+        assert "patch package entry point culprit = culprit.patches imports tpkg.mod" in warning
+        assert "('pkg.mod:Name.attr': 'tpkg.mod:g')" in warning
+        assert "(decorators, registries, subclasses, default arguments)" in warning
+    # Strict mode: still an error, as before (documented in docs/troubleshooting.md).
+    proc = lab.run("import tpkg.mod", enable="culprit-wrap",
+                   env=dict(env, IMPORTPATCH_STRICT="1"))
     assert proc.returncode != 0 and "culprit.patches" in proc.stderr, proc.stderr
-    assert "'tpkg.mod:g'" in proc.stderr
+    assert "Move the import into the function that uses it" in proc.stderr
+    # A transform cannot apply in place: it fails closed with the exact fix, naming the package.
+    proc = lab.run("import tpkg.other", enable="culprit-coded", env=env)
+    assert proc.returncode != 0 and "entry point culprit-coded = culprit.coded" in proc.stderr
+    assert "Move the import into the function that uses it" in proc.stderr, proc.stderr
+    assert "so they are applied in place" not in proc.stderr
 
 
 def test_check_does_not_count_a_package_importing_itself(lab: Lab) -> None:
