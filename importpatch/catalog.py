@@ -36,20 +36,20 @@ Invariants:
   objects a ``.py`` made before it failed are kept), so enabling it by name fails closed at the
   target's import instead of "unknown patch name". A source that failed before declaring
   anything has ``unsure`` set: whether it has a patch on by default is unknown.
-- A declaration must not import a module that its own patches target: in the first process
-  after a change that module would load unpatched. Those patches are broken (the message names
-  the declaration and says what to change) in every process; other sources' patches on that
-  module are not affected. A patch file's fail closed: in place misses what the module's import
-  did with the original (subclasses, registries, copies no one can prove), which a patch on at
-  start promises to reach; the message spells out the string target. A patch package's
-  (the blog post's layout) are applied in place right after that module ran, with a warning
-  (``in_place_only``; not its diffs, transforms or field ops, nor under strict mode). Declarations run in a child process under a
-  time limit (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the process is
-  recorded broken like one that raises, and the process that builds the index imports nothing they
-  import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they
-  imported that a chosen patch targets, so its next import is patched or fails closed.) The
-  cold process also forgets the Patch objects it made while scanning from patch files: like
-  every warm process, it executes a patch file when a module it targets is imported.
+- A declaration must not import a module that its own patches target: in the first process after a
+  change that module would load unpatched. Those patches are broken (the message names the
+  declaration and says what to change) in every process; other sources' patches on that module are
+  not affected. A patch file's fail closed: in place misses what the module's import did with the
+  original (subclasses, registries, copies no one can prove), which a patch on at start promises
+  to reach; the message spells out the string target. A patch package's (the blog post's layout)
+  are applied in place right after that module ran, with a warning (``in_place_only``; not its
+  diffs, transforms or field ops, nor under strict mode). Declarations run in a child process
+  under a time limit (``scan_bounded``, importpatch/scanchild.py): one that hangs or ends the
+  process is recorded broken like one that raises, and the process that builds the index imports
+  nothing they import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what
+  they imported that a chosen patch targets, so its next import is patched or fails closed.) The
+  cold process also forgets the Patch objects it made while scanning from patch files: like every
+  warm process, it executes a patch file when a module it targets is imported.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
   different sources declaring one name are both broken, the error naming both.
 """
