@@ -155,8 +155,37 @@ def interleave(variants: Mapping[str, Callable[[], Mapping[str, float]]], reps: 
     return samples
 
 
+ROUNDS: dict[str, int] = {}  # what each benchmark ran, by name: bench/results.json records it
+
+
+def rounds(name: str, default: int, least: int, scale: float) -> int:
+    """``default`` rounds times ``scale``, at least ``least``; recorded in ROUNDS under ``name``."""
+    ROUNDS[name] = n = max(least, int(default * scale))
+    return n
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+@dataclass
+class Figure:
+    """A row's figure with a numeric goal, as ``bench/results.json`` keeps it (one entry of its
+    ``figures``; scripts/gen_figures.py draws them). ``kind`` "ratio": a ratio of medians, judged
+    on its overhead; "absolute": a number in ``unit``. ``direction`` "max": the value must be at
+    most ``goal``; "min": at least. ``noise``: how far over the goal still counts as noise."""
+
+    label: str
+    kind: str
+    value: float
+    goal: float
+    direction: str = "max"
+    unit: str = ""
+    noise: float = 0.0  # over the goal by at most this: "noise", not "no"
+
+    def met(self) -> str:
+        over = self.value - self.goal if self.direction == "max" else self.goal - self.value
+        return "yes" if over <= 0 else "noise" if over <= self.noise else "no"
 
 
 @dataclass
@@ -170,6 +199,8 @@ class Row:
     goal: str
     met: bool | None  # None: report only
     notes: list[str] = field(default_factory=list)
+    # where the goal is numeric: the figure(s) that go into bench/results.json
+    figures: list[Figure] = field(default_factory=list)
 
 
 def ms(seconds: float) -> str:

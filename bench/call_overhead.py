@@ -27,7 +27,7 @@ import json
 import shutil
 import subprocess
 
-from _common import BENCH_DIR, Row, clean_env, log, project_wheel, venv
+from _common import BENCH_DIR, Figure, Row, clean_env, log, project_wheel, rounds, venv
 
 NAMES = ["f_plain", "f_wrapped", "f_replaced", "f_original", "f_bind", "f_inspect", "f_mp",
          "f_wrapt"]
@@ -122,9 +122,9 @@ def run(scale: float = 1.0) -> list[Row]:
         "PYTHONPATH": str(work / "pkg"), "IMPORTPATCH_PATH": str(work / "patches"),
         "IMPORTPATCH_ENABLE": "bench-calls", "IMPORTPATCH_CACHE_DIR": str(work / "cache"),
     })
-    rounds = max(5, int(30 * scale))
-    log(f"call overhead: {rounds} interleaved rounds of {len(NAMES)} variants x 3 x 200k calls")
-    out = subprocess.run([str(py), "-c", CHILD, "200000", str(rounds)], env=env,
+    n = rounds("calls", 30, 5, scale)
+    log(f"call overhead: {n} interleaved rounds of {len(NAMES)} variants x 3 x 200k calls")
+    out = subprocess.run([str(py), "-c", CHILD, "200000", str(n)], env=env,
                          capture_output=True, text=True, check=True, timeout=1200)
     t = json.loads(out.stdout)
     base = t["f_plain"]
@@ -138,10 +138,14 @@ def run(scale: float = 1.0) -> list[Row]:
     return [
         Row("wrap patch: overhead per call (wrapped - plain call)", f"plain {ns('f_plain')}",
             f"wrapped {ns('f_wrapped')}", f"+{over('f_wrapped') * 1e9:.0f} ns", "<= 1 us",
-            over("f_wrapped") <= 1e-6),
+            over("f_wrapped") <= 1e-6,
+            figures=[Figure("wrap patch, overhead per call (generated function)", "absolute",
+                            round(over("f_wrapped") * 1e9), 1000, unit="ns")]),
         Row("replace patch: overhead per call (the attribute is the replacement)",
             f"plain {ns('f_plain')}", f"replaced {ns('f_replaced')}",
-            f"{over('f_replaced') * 1e9:+.1f} ns (noise)", "0", abs(over("f_replaced")) < 5e-9),
+            f"{over('f_replaced') * 1e9:+.1f} ns (noise)", "0", abs(over("f_replaced")) < 5e-9,
+            figures=[Figure("replace patch, overhead per call", "absolute",
+                            round(over("f_replaced") * 1e9, 1), 0, unit="ns", noise=5)]),
         Row("replace(original=True): overhead per call (the stand-in calls the replacement)",
             f"plain {ns('f_plain')}", f"original=True {ns('f_original')}",
             f"+{over('f_original') * 1e9:.0f} ns", "about a closure", None),

@@ -21,6 +21,7 @@ from pathlib import Path
 from _common import (
     BENCH_DIR,
     VLLM_PYTHON,
+    Figure,
     Row,
     Venv,
     clean_env,
@@ -29,6 +30,7 @@ from _common import (
     median,
     ms,
     project_wheel,
+    rounds,
     spawn,
     venv,
 )
@@ -94,7 +96,7 @@ def run(scale: float = 1.0) -> list[Row]:
         spawn([str(v.python), "-c", "pass"], base)
     rows: list[Row] = []
 
-    reps = max(20, int(200 * scale))
+    reps = rounds("startup: python -c pass", 200, 20, scale)
     log(f"startup: python -c pass, installed vs absent vs floor, {reps} interleaved rounds")
     s = interleave({
         "absent": lambda: spawn([str(bare.python), "-c", "pass"], base),
@@ -124,6 +126,8 @@ def run(scale: float = 1.0) -> list[Row]:
             f"absent {a_i:,}", f"installed {i_i:,}, floor {f_i:,}",
             f"{i_i / a_i:.4f} (+{i_i - a_i:,}); floor {f_i / a_i:.4f} (+{f_i - a_i:,})",
             "<= 1.01", i_i / a_i <= 1.01,
+            figures=[Figure("python -c pass, installed + nothing enabled (instructions)",
+                            "ratio", round(i_i / a_i, 4), 1.01)],
         ))
     # A PYTHONPATH folder can gain a patch package without changing the site folder: there the
     # stamp is not used and every process checks the index.
@@ -131,7 +135,7 @@ def run(scale: float = 1.0) -> list[Row]:
     extra.mkdir(parents=True, exist_ok=True)
     with_path = dict(base, PYTHONPATH=str(extra))
     spawn([str(with_wheel.python), "-c", "pass"], with_path)
-    reps = max(15, int(80 * scale))
+    reps = rounds("startup: with PYTHONPATH", 80, 15, scale)
     s = interleave({
         "absent": lambda: spawn([str(bare.python), "-c", "pass"], with_path),
         "installed": lambda: spawn([str(with_wheel.python), "-c", "pass"], with_path),
@@ -161,7 +165,7 @@ def run(scale: float = 1.0) -> list[Row]:
             finally:
                 shutil.rmtree(fresh, ignore_errors=True)
 
-        reps = max(15, int(80 * scale))
+        reps = rounds("startup: 10 patches", 80, 15, scale)
         log(f"startup: 10 patches in the {label} ({py}), {reps} interleaved rounds")
         s = interleave({
             "none": lambda py=py: spawn([py, "-c", "pass"], base),
@@ -179,6 +183,12 @@ def run(scale: float = 1.0) -> list[Row]:
             f"nothing enabled {ms(none)}", f"10 enabled {ms(none + ten)}",
             f"+{ten * 1e3:.2f} ms (CPU +{cpu['ten'] * 1e3:.2f} ms)",
             "<= +3 ms and < vLLM's entry-point scan", ten <= 0.003 and ten < scan,
+            figures=[  # one goal, two halves: each its own bar
+                Figure("start-up with 10 enabled patches, index warm", "absolute",
+                       round(ten * 1e3, 2), 3.0, unit="ms"),
+                Figure("start-up, 10 patches warm / vLLM's own plugin scan", "absolute",
+                       round(ten * 1e3, 2), round(scan * 1e3, 1), unit="ms"),
+            ],
         ))
         rows.append(Row(
             f"same, discovery cold: new cache folder every run ({label})",

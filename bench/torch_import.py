@@ -13,6 +13,7 @@ import shutil
 
 from _common import (
     BENCH_DIR,
+    Figure,
     Row,
     clean_env,
     interleave,
@@ -21,6 +22,7 @@ from _common import (
     median,
     ms,
     project_wheel,
+    rounds,
     venv,
 )
 
@@ -63,7 +65,7 @@ def run(scale: float = 1.0) -> list[Row]:
     off = clean_env({"XDG_CACHE_HOME": str(BENCH_DIR / "xdg")})
     on = dict(off, IMPORTPATCH_PATH=str(work / "patches"), IMPORTPATCH_ENABLE="bench-miss",
               IMPORTPATCH_CACHE_DIR=str(work / "cache"))
-    reps = max(5, int(20 * scale))
+    reps = rounds("torch", 20, 5, scale)
     log(f"torch: import torch, finder active (no hit) vs nothing enabled, {reps} rounds")
     s = interleave({
         "off": lambda: measure(CHILD, off, v.python),
@@ -77,7 +79,9 @@ def run(scale: float = 1.0) -> list[Row]:
     return [
         Row("`import torch`, finder active with no target hit / nothing enabled",
             f"nothing enabled {ms(off_t)}", f"finder active {ms(on_t)}",
-            f"{on_t / off_t:.3f} (CPU {cpu_ratio:.3f})", "<= 1.01", on_t / off_t <= 1.01),
+            f"{on_t / off_t:.3f} (CPU {cpu_ratio:.3f})", "<= 1.01", on_t / off_t <= 1.01,
+            figures=[Figure("import torch, finder active (CPU time)", "ratio",
+                            round(cpu_ratio, 3), 1.01)]),
         Row("same, finder cost computed: find_spec miss x modules imported",
             f"{miss * 1e9:.0f} ns per miss", f"{modules} modules",
             f"{bound * 1e3:.3f} ms = {bound / off_t:.2%} of the import", "<= 1 %",
