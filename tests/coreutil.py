@@ -97,6 +97,19 @@ class Lab:
 # Printed by child code: what importpatch recorded in that process, as JSON-able tuples.
 EVENTS = "[[e['outcome'], e['patch'], e['target'], e['how']] for e in importpatch.events.events()]"
 
+# Child code, put first in a script: from here on ``compiles`` lists the module names that the
+# loader's compile step (the only place patched code is compiled) compiles, in order; an import
+# served from the bytecode cache adds nothing. The one copy of this spy (the module moves: here).
+COMPILE_SPY = """\
+import importpatch.transforms as _spied_transforms
+compiles = []
+_compile_module = _spied_transforms.compile_module
+def _counting_compile(*args, **kwargs):
+    compiles.append(args[0])
+    return _compile_module(*args, **kwargs)
+_spied_transforms.compile_module = _counting_compile
+"""
+
 
 def install_dist(
     venv: Venv,
