@@ -28,6 +28,9 @@ Fixtures:
 * ``free_port`` (fixture form)  -> int
 * ``package_index``             -> ``package_index.Index``: a package index on 127.0.0.1
                                    serving one release (tests/package_index.py)
+* ``lab``                       -> ``coreutil.Lab`` in tmp_path on ``wheel_venv``, holding the
+                                   targets and patches that the test module's (or test's)
+                                   ``lab`` marker names (see the fixture)
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from coreutil import Lab
     from package_index import Index
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,3 +331,26 @@ def package_index(tmp_path: Path) -> Iterator[Index]:
     served = serve_release(tmp_path)
     yield served
     served.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "lab(target=None, patch=None, venv='wheel_venv'): what the `lab` fixture holds")
+
+
+@pytest.fixture
+def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Lab:
+    """A ``coreutil.Lab`` in ``tmp_path``: target packages and patch files, run by the
+    interpreter of a real venv. A test module says what it holds with a marker, e.g.
+    ``pytestmark = pytest.mark.lab(target=TARGET, patch=PATCH)`` (a test's own marker wins):
+    ``target`` / ``patch`` map relative paths to file texts (``coreutil.write_tree``); ``venv``
+    names the fixture of the venv to run in (default ``wheel_venv``). No marker: an empty lab."""
+    from coreutil import Lab
+
+    mark = request.node.get_closest_marker("lab")
+    opts = dict(mark.kwargs) if mark is not None else {}
+    venv = request.getfixturevalue(opts.pop("venv", "wheel_venv"))
+    made = Lab(venv, tmp_path).target(opts.pop("target", {})).patch(opts.pop("patch", {}))
+    if opts or (mark is not None and mark.args):
+        raise TypeError(f"lab marker: unknown arguments {mark.args if mark else ()} {opts}")
+    return made

@@ -97,6 +97,57 @@ class Lab:
 # Printed by child code: what importpatch recorded in that process, as JSON-able tuples.
 EVENTS = "[[e['outcome'], e['patch'], e['target'], e['how']] for e in importpatch.events.events()]"
 
+# Child code, put first in a script: from here on ``compiles`` lists the module names that the
+# loader's compile step (the only place patched code is compiled) compiles, in order; an import
+# served from the bytecode cache adds nothing. The one copy of this spy (the module moves: here).
+COMPILE_SPY = """\
+import importpatch.transforms as _spied_transforms
+compiles = []
+_compile_module = _spied_transforms.compile_module
+def _counting_compile(*args, **kwargs):
+    compiles.append(args[0])
+    return _compile_module(*args, **kwargs)
+_spied_transforms.compile_module = _counting_compile
+"""
+
+
+def write_wheel(
+    path: Path,
+    dist: str,
+    version: str,
+    files: Mapping[str, str | bytes],
+    *,
+    entry_points: str = "",
+    top_level: Sequence[str] = (),
+) -> Path:
+    """Write a pure-Python wheel by hand at ``path`` (the ``.whl`` file), per the binary
+    distribution format spec: ``files`` as given, a ``.dist-info`` with METADATA (Name ``dist``),
+    WHEEL, entry_points.txt / top_level.txt when given, and a RECORD with a sha256 per file."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{dist.replace('-', '_')}-{version}.dist-info"
+    data = {rel: blob if isinstance(blob, bytes) else blob.encode() for rel, blob in files.items()}
+    data[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+    data[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    if entry_points:
+        data[f"{info}/entry_points.txt"] = entry_points.encode()
+    if top_level:
+        data[f"{info}/top_level.txt"] = "".join(f"{t}\n" for t in top_level).encode()
+    record = []
+    for rel, blob in data.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(blob).digest()).rstrip(b"=").decode()
+        record.append(f"{rel},sha256={digest},{len(blob)}")
+    data[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for rel, blob in data.items():
+            zf.writestr(rel, blob)
+    return path
+
 
 def install_dist(
     venv: Venv,
@@ -108,34 +159,14 @@ def install_dist(
     entry_points: str = "",
     top_level: Sequence[str] = (),
 ) -> Path:
-    """Build a tiny wheel of ``files`` by hand and ``pip install --target dest`` it (a real
-    install: pip writes the .dist-info with its RECORD, entry points and top_level.txt)."""
-    import base64
-    import hashlib
-    import zipfile
-
+    """Build a tiny wheel of ``files`` (dedented) by hand and ``pip install --target dest`` it (a
+    real install: pip writes the .dist-info with its RECORD, entry points and top_level.txt)."""
     norm = dist.replace("-", "_")
-    info = f"{norm}-{version}.dist-info"
-    content = {rel: textwrap.dedent(text) for rel, text in files.items()}
-    content[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
-    content[f"{info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    wheel = write_wheel(
+        dest.parent / f"{norm}-{version}-py3-none-any.whl", dist, version,
+        {rel: textwrap.dedent(text) for rel, text in files.items()},
+        entry_points=textwrap.dedent(entry_points), top_level=top_level,
     )
-    if entry_points:
-        content[f"{info}/entry_points.txt"] = textwrap.dedent(entry_points)
-    if top_level:
-        content[f"{info}/top_level.txt"] = "".join(f"{t}\n" for t in top_level)
-    record = []
-    for rel, text in content.items():
-        digest = hashlib.sha256(text.encode()).digest()
-        b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-        record.append(f"{rel},sha256={b64},{len(text.encode())}")
-    record.append(f"{info}/RECORD,,")
-    content[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    wheel = dest.parent / f"{norm}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for rel, text in content.items():
-            zf.writestr(rel, text)
     venv.pip("install", "--no-deps", "--no-index", "--disable-pip-version-check", "-q",
              "--target", str(dest), str(wheel))
-    return dest / info
+    return dest / f"{norm}-{version}.dist-info"

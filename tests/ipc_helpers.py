@@ -13,23 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Venv, clean_env
+from coreutil import COMPILE_SPY
 
 # Imports the modules named in argv with a counter around the loader's compile step (the only
 # place patched code is compiled), then prints what happened as one JSON line.
-COUNTED_IMPORT = textwrap.dedent(
+COUNTED_IMPORT = COMPILE_SPY + textwrap.dedent(
     """
     import importlib, json, sys
-    import importpatch.transforms as t
-    calls = []
-    _compile = t.compile_module
-    def counting(*args, **kwargs):
-        calls.append(args[0])
-        return _compile(*args, **kwargs)
-    t.compile_module = counting
     out = {}
     for name in sys.argv[1:]:
         out[name] = importlib.import_module(name).f()
-    print(json.dumps({"compiles": calls, "values": out}))
+    print(json.dumps({"compiles": compiles, "values": out}))
     """
 )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Venv
+from conftest import ROOT
 from coreutil import Lab
 
 TARGETS = {
@@ -47,9 +47,7 @@ READ = ("print('started', flush=True)\nimport toypkg.sched.scheduler as s\n"
         "print(s.Scheduler().schedule())")
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGETS).patch(PATCHES)
+pytestmark = pytest.mark.lab(target=TARGETS, patch=PATCHES)
 
 
 def warnings(stderr: str) -> list[str]:

@@ -10,12 +10,12 @@ import os
 import py_compile
 import shutil
 import stat
-import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 from conftest import Venv
+from coreutil import write_wheel
 from ipc_helpers import (
     cache_entries,
     can_mount_read_only,
@@ -365,28 +365,8 @@ def test_nothing_enabled_imports_no_importpatch_module(wheel_venv: Venv, tmp_pat
 
 def make_wheel(out: Path, dist: str, files: Mapping[str, str], entry_points: str) -> Path:
     """A real (pure-Python) wheel, written by hand: pip installs it like any other."""
-    import base64
-    import hashlib
-
-    name = dist.replace("-", "_")
-    info = f"{name}-1.0.dist-info"
-    contents = dict(files)
-    contents[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n"
-    contents[f"{info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    contents[f"{info}/entry_points.txt"] = entry_points
-    record = []
-    for path, text in contents.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"{info}/RECORD,,")
-    contents[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    wheel = out / f"{name}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in contents.items():
-            zf.writestr(path, text)
-    return wheel
+    return write_wheel(out / f"{dist.replace('-', '_')}-1.0-py3-none-any.whl", dist, "1.0", files,
+                       entry_points=entry_points)
 
 
 DEFAULT_ON = """\

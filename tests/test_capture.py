@@ -7,18 +7,16 @@ tests/package_index.py."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Venv
+from coreutil import write_wheel
 from package_index import NAMES
 
 CORE = '''\
@@ -44,22 +42,7 @@ WHEEL_NAME = "toy_dist-1.2.0-py3-none-any.whl"
 def make_wheel(path: Path, files: dict[str, str], name: str = "toy_dist",
                version: str = "1.2.0") -> Path:
     """A wheel per the binary distribution format spec (RECORD with sha256 per file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
-    data = {rel: text.encode() for rel, text in files.items()}
-    data[f"{dist}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\n"
-                                f"Version: {version}\n").encode()
-    data[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    record = []
-    for rel, blob in data.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(blob).digest()).rstrip(b"=").decode()
-        record.append(f"{rel},sha256={digest},{len(blob)}")
-    data[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for rel, blob in data.items():
-            zf.writestr(rel, blob)
-    return path
+    return write_wheel(path, name.replace("_", "-"), version, files)
 
 
 @pytest.fixture(scope="module")

@@ -68,9 +68,7 @@ CHAIN = [("replace", "base", 0, False), ("wrap", "zeta", -10, False),
          ("wrap", "alpha", 0, False), ("wrap", "beta", 0, False), ("wrap", "outer", -99, True)]
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCHES)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCHES)
 
 
 def ip(lab: Lab, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

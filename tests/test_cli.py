@@ -3,20 +3,18 @@ an sdist (tar.gz), a source tree and a site-packages folder made by pip from a t
 
 from __future__ import annotations
 
-import base64
 import difflib
-import hashlib
 import io
 import json
 import os
 import subprocess
 import tarfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ROOT, Venv, clean_env
+from coreutil import write_wheel
 
 # -- the throwaway target package (release 1.4.0, distribution "tpkg-cpu", import package "tpkg")
 
@@ -132,22 +130,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory, wheel_venv: Venv) -> dic
 def make_wheel(path: Path) -> Path:
     """A wheel per the binary distribution format spec; no top_level.txt, so the import package
     is known from RECORD / the file names only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    dist = "tpkg_cpu-1.4.0.dist-info"
-    files = {rel: text.encode() for rel, text in FILES.items()}
-    files[f"{dist}/METADATA"] = b"Metadata-Version: 2.1\nName: tpkg-cpu\nVersion: 1.4.0\n"
-    files[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    record = []
-    for rel, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{rel},sha256={digest},{len(data)}")
-    files[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for rel, data in files.items():
-            zf.writestr(rel, data)
-    return path
+    return write_wheel(path, "tpkg-cpu", "1.4.0", FILES)
 
 
 def make_sdist(path: Path, layout: str) -> Path:

@@ -12,14 +12,7 @@ from pathlib import Path
 
 import pytest
 from blogpkg import PACKAGE, entry_points, files
-from conftest import Venv
 from coreutil import EVENTS, Lab, install_dist
-
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET)
-
 
 TARGET = {
     "tpkg/__init__.py": "",
@@ -42,6 +35,8 @@ TARGET = {
             return resolve(x)
         ''',
 }
+
+pytestmark = pytest.mark.lab(target=TARGET)
 
 STRING_TARGETS = {
     "priority_scheduler": ("PriorityScheduler", "PrioritySchedulerPatch", '''

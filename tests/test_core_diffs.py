@@ -9,15 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Venv
 from coreutil import EVENTS, Lab
 
 from importpatch.diffs import make_diff
-
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path)
 
 
 def module(n: int, changed: frozenset[int] = frozenset()) -> str:

@@ -5,10 +5,7 @@ importlib.reload of a patched module."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import Venv
 from coreutil import Lab
 
 TARGET = {
@@ -77,11 +74,7 @@ class Watchdog:
 '''
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    lab = Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
-    (lab.targets / "chainedhook.py").write_text(CHAINED_HOOK)
-    return lab
+pytestmark = pytest.mark.lab(target={**TARGET, "chainedhook.py": CHAINED_HOOK}, patch=PATCH)
 
 
 @pytest.mark.parametrize("order", ["importpatch-first", "wrapt-first"])

@@ -3,17 +3,8 @@ replace, wrap, add, source diffs from .diff files, AST transforms."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import Venv
 from coreutil import EVENTS, Lab
-
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path)
-
 
 TARGET = {
     "tpkg/__init__.py": "",

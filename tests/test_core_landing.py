@@ -4,17 +4,10 @@ copy made while the target module executes (and later) holds the replacement."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Venv
 from coreutil import EVENTS, Lab
-
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path)
 
 
 def replace_f(target: str = "lpkg.a:f", name: str = "rep-f", *, decorated: bool = False

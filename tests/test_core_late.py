@@ -51,9 +51,7 @@ PATCHES = {
 NO_VARS = {"IMPORTPATCH_PATH": None}
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCHES)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCHES)
 
 
 def test_enable_after_import_patches_in_place_and_rebinds_copies(lab: Lab) -> None:

@@ -74,9 +74,7 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCH)
 
 
 @pytest.mark.parametrize(

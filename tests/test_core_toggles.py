@@ -11,12 +11,6 @@ import pytest
 from conftest import Venv
 from coreutil import EVENTS, Lab, install_dist
 
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path)
-
-
 TARGET = {
     "tpkg/__init__.py": "",
     "tpkg/mod.py": '''

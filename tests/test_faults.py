@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Venv, clean_env
+from coreutil import COMPILE_SPY
 from ipc_helpers import cache_entries, diff_patch, patch_env, validate_cache
 
 MakeTarget = Callable[[Mapping[str, str]], Path]
@@ -65,16 +66,9 @@ def test_16_processes_cold_start_on_one_empty_cache_all_patched_all_entries_vali
     assert published == ["    return 2", "    return 3", "    return 4"]
 
 
-THREADS = """\
+THREADS = COMPILE_SPY + """\
 import importlib, json, sys, threading
 import importpatch
-import importpatch.transforms as t
-compiles = []
-_compile = t.compile_module
-def counting(*args, **kwargs):
-    compiles.append(args[0])
-    return _compile(*args, **kwargs)
-t.compile_module = counting
 barrier = threading.Barrier(16)
 seen = []
 def worker():

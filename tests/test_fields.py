@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Venv, clean_env
-from coreutil import Lab
+from coreutil import COMPILE_SPY, Lab
 
 MODELS = '''\
 import dataclasses
@@ -72,9 +72,7 @@ PATCH = {"fields_patch.py": '''
     '''}
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCH)
 
 
 def test_fields_are_part_of_the_class_when_it_is_built(lab: Lab) -> None:
@@ -127,17 +125,10 @@ def test_diff_shows_only_the_written_lines_and_keeps_comments(lab: Lab) -> None:
     assert '     """Top k."""\n+    banned: list[int] | None = None\n' in proc.stdout
 
 
-COUNT = '''
+COUNT = COMPILE_SPY + '''
 import json, sys
-import importpatch.transforms as t
-calls = []
-_compile = t.compile_module
-def counting(*args, **kwargs):
-    calls.append(args[0])
-    return _compile(*args, **kwargs)
-t.compile_module = counting
 import fpkg.models as m
-print(json.dumps([calls, m.Params(1, 2).marker.text]))
+print(json.dumps([compiles, m.Params(1, 2).marker.text]))
 '''
 
 

@@ -8,23 +8,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
-from conftest import Venv
 from coreutil import Lab
-
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET)
-
 
 TARGET = {
     "tpkg/__init__.py": "",
     "tpkg/mod.py": 'def one():\n    return "orig"\n\ndef two():\n    return "orig"\n\nK = 1\n',
     "tpkg/util.py": "def value_of(obj):\n    return obj.value\n",
 }
+
+pytestmark = pytest.mark.lab(target=TARGET)
+
 SHARED = {
     "_common.py": '''
         import builtins

@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-from conftest import Venv, clean_env
+from conftest import clean_env
 from coreutil import Lab
 
 TARGET = {"tpkg/__init__.py": "", "tpkg/mod.py": "def f():\n    return 'orig'\n"}
@@ -26,9 +25,7 @@ PATCH = {"ours.py": '''
 READ = "import tpkg.mod; print(tpkg.mod.f())"
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCH)
 
 
 def toggles(lab: Lab, prefix: str = "") -> dict[str, str]:

@@ -5,8 +5,6 @@ properties and decorated definitions, in real child processes."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import Venv
 from coreutil import Lab
@@ -105,9 +103,7 @@ PATCH = {"ob.py": '''
     '''}
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET).patch(PATCH)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCH)
 
 
 def test_a_replacement_receives_the_original_on_every_kind_of_target(lab: Lab) -> None:

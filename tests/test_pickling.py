@@ -267,9 +267,7 @@ def pickle_venv(venv_factory: Callable[..., Venv], built_wheel: Path) -> Venv:
     return venv_factory(str(built_wheel), "cloudpickle", name="pickle-venv")
 
 
-@pytest.fixture
-def lab(pickle_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(pickle_venv, tmp_path).target(TARGET).patch(PATCH)
+pytestmark = pytest.mark.lab(target=TARGET, patch=PATCH, venv="pickle_venv")
 
 
 def check_child(out: dict, parent: int) -> None:

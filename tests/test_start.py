@@ -26,9 +26,7 @@ TARGET = {"tpkg/__init__.py": "", "tpkg/mod.py": "def f():\n    return 'orig'\n\
 READ = "import tpkg.mod; print(tpkg.mod.f())"
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET)
+pytestmark = pytest.mark.lab(target=TARGET)
 
 
 def warnings_of(stderr: str) -> list[str]:

@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
-from conftest import Venv
 from coreutil import Lab
-
-
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGETS).patch(PATCHES)
-
 
 TARGETS = {
     "tpkg/__init__.py": "LOADED = True\n",
@@ -32,6 +24,9 @@ PATCHES = {
         Patch("p-one").replace("tpkg.mod:one", lambda: "patched")
         ''',
 }
+
+pytestmark = pytest.mark.lab(target=TARGETS, patch=PATCHES)
+
 STRICT = {"IMPORTPATCH_STRICT": "1"}
 # The process starts, says so, then imports the targeted package.
 READ = "print('started', flush=True)\nimport tpkg.mod\nprint(tpkg.mod.one())"

@@ -7,11 +7,9 @@ Real child processes of the wheel venv, a real spawn child for pickling."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from textwrap import dedent
 
 import pytest
-from conftest import Venv
 from coreutil import EVENTS, Lab
 
 TARGET = {
@@ -87,9 +85,7 @@ SUB = {"sub.py": '''
     '''}
 
 
-@pytest.fixture
-def lab(wheel_venv: Venv, tmp_path: Path) -> Lab:
-    return Lab(wheel_venv, tmp_path).target(TARGET)
+pytestmark = pytest.mark.lab(target=TARGET)
 
 
 def test_a_subclass_is_bound_under_the_original_name_for_the_module_and_its_importers(
