@@ -265,7 +265,7 @@ def _is_module(rel: str) -> bool:
 
 
 def _decode(data: bytes, path: str) -> str:
-    from .finder import decode_source
+    from .safefiles import decode_source
 
     try:
         return decode_source(data)

@@ -52,7 +52,7 @@ from .declare import (
     TRANSFORM,
 )
 from .finder import declared
-from .finder import decode_source as _decode
+from .safefiles import decode_source as _decode
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
 ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
@@ -928,7 +928,7 @@ def _owner_problem(tree: ast.Module, owner: str) -> tuple[str, str] | None:
 
 
 def _collects_fields(tree: ast.Module, owner: str) -> str:
-    from .fields import class_nodes, collects_fields
+    from .bindings import class_nodes, collects_fields
 
     return next((why for cls in class_nodes(tree, owner) if (why := collects_fields(tree, cls))),
                 "")

@@ -1141,9 +1141,9 @@ def _unknown_vars(env: dict[str, str]) -> list[str]:
 
 
 def _cache_row() -> dict[str, Any]:
-    from . import bytecache, config
+    from . import bytecache, config, safefiles
 
-    root, problem = bytecache.root_problem()
+    root, problem = safefiles.root_problem()
     if problem is None and config.flag(os.environ, config.NO_CACHE):
         problem = f"{config.NO_CACHE} is set"
     size = bytecache.usage(root) if root and os.path.isdir(root) else {"files": 0, "bytes": 0}
@@ -1154,9 +1154,9 @@ def _cache_row() -> dict[str, Any]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from . import bytecache
+    from . import bytecache, safefiles
 
-    root, problem = bytecache.root_problem()
+    root, problem = safefiles.root_problem()
     if root is None:
         raise UsageError(problem or "no cache folder", "set IMPORTPATCH_CACHE_DIR")
     if args.releases and args.action != "clear":

@@ -344,19 +344,19 @@ class PatchLoader:
                 ops = [op for op in ops if op.patch.name != exc.patch]
 
     def _build_with(self, origin: str, ops: list[Op]) -> Build:
-        from . import bytecache, landing, publish
+        from . import bytecache, landing, publish, safefiles
         from .declare import CODE_KINDS, FIELD
         from .errors import PatchError
 
         raw = self.loader.get_data(origin)
-        text = decode_source(raw)
+        text = safefiles.decode_source(raw)
         code_ops = [op for op in ops if op.kind in CODE_KINDS]
         object_ops = [op for op in ops if op.kind not in CODE_KINDS]
         qualnames = sorted({landing.site_of(op)[0] for op in object_ops} - {""})
         fact_quals = landing.fact_quals(object_ops)
         plan = landing.ModulePlan(self.fullname, object_ops, origin)
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
-        cache_root = bytecache.usable_root(report=True)
+        cache_root = safefiles.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         whole = whole_diffs(code_ops, self.fullname)
         siblings = b"".join(w.material for w in whole)
@@ -450,7 +450,7 @@ class WholeDiff:
 
     def __init__(self, patch: Patch, others: list[tuple[Op, str | None, str | None, bytes]]
                  ) -> None:
-        from .bytecache import _hash, _part
+        from .bytecache import key_hash, key_part
 
         self.patch = patch
         self.others = others  # (op, module, file, raw): module None when none of its exists
@@ -458,9 +458,9 @@ class WholeDiff:
         for op, module, file, raw in others:
             assert op.file_patch is not None
             where = f"{module}\0{file}" if module else "\0".join(op.modules) + "\0<missing>"
-            parts += [_part(repr(op.file_patch.hunks).encode()),
-                      _part(where.encode("utf-8", "surrogateescape")), _part(raw)]
-        self.material = _hash(b"".join(parts))  # 16 bytes: kept per process as the verdict's key
+            parts += [key_part(repr(op.file_patch.hunks).encode()),
+                      key_part(where.encode("utf-8", "surrogateescape")), key_part(raw)]
+        self.material = key_hash(b"".join(parts))  # 16 bytes: kept per process as the verdict's key
 
     def require(self, fullname: str, origin: str) -> None:
         """Raise PatchError when another file of the diff does not apply (verdict cached)."""
@@ -475,6 +475,7 @@ class WholeDiff:
     def _verdict(self) -> str:
         from . import diffs
         from .errors import installed_version
+        from .safefiles import decode_source
 
         for op, module, file, raw in self.others:
             assert op.file_patch is not None
@@ -582,17 +583,6 @@ def _module_of(namespace: dict[str, Any], name: str) -> ModuleType:
     view = types.ModuleType(name)
     vars(view).update(namespace)
     return view
-
-
-def decode_source(raw: bytes) -> str:
-    """Source bytes to text with the declared encoding, keeping line endings as they are (a CRLF
-    file stays CRLF, so diffs made on it still match and the published text is faithful)."""
-    import io
-    import tokenize
-
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-    text = raw.decode(encoding)
-    return text[1:] if text.startswith("\ufeff") else text
 
 
 # Patches already handled (applied, skipped or failed) per module object: a later enable() must

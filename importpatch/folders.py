@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import zlib
 
@@ -36,7 +37,43 @@ if TYPE_CHECKING:
     from types import CodeType, ModuleType
     from typing import Any
 
+    from . import config
+
 ROOT = "importpatch._declared"
+
+
+def builtin_folder() -> str | None:
+    """The built-in patches: shipped in the package, or ``patches/`` beside it in a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for _ in range(__name__.count(".") - 1):  # this module's package up to importpatch/
+        here = os.path.dirname(here)
+    shipped, checkout = "_builtin_patches", os.path.join(os.path.dirname(here), "patches")
+    for candidate in (os.path.join(here, shipped), checkout):
+        if os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def configured(toggles: config.Toggles) -> list[tuple[str, str]]:
+    """(kind, folder) of every patch folder of these toggles: the built-in one first, then each
+    folder of ``IMPORTPATCH_PATH`` that exists, once."""
+    out = []
+    builtin = builtin_folder()
+    if builtin:
+        out.append(("builtin", builtin))
+    # One folder named twice (itself and a link to it, or a path with "..") is scanned once:
+    # told by device and inode (one stat each; realpath costs a stat per path component).
+    seen: set[tuple[int, int]] = set()
+    for p in ([builtin] if builtin else []) + list(toggles.path):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            if p != builtin:
+                out.append(("folder", os.path.abspath(p)))
+    return out
 
 
 def is_helper(name: str) -> bool:
@@ -166,9 +203,9 @@ class HelperFinder:
 def _from_config(pkg: str) -> str | None:
     """A folder package asked for before any of its files ran here (unpickling): the folders of
     this process's toggles."""
-    from . import catalog, config
+    from . import config
 
-    for _, folder in catalog._folders(config.read()):
+    for _, folder in configured(config.read()):
         if package_name(folder) == pkg:
             package(folder)
             return folder
@@ -188,13 +225,13 @@ class _HelperLoader:
         exec(self.get_code(self.name), module.__dict__)
 
     def get_code(self, fullname: str) -> CodeType:
-        from .catalog import _read_regular
+        from .safefiles import read_regular
 
-        code: CodeType = compile(_read_regular(self.path), self.path, "exec", dont_inherit=True)
+        code: CodeType = compile(read_regular(self.path), self.path, "exec", dont_inherit=True)
         return code
 
     def get_source(self, fullname: str) -> str:
-        from .finder import decode_source
+        from .safefiles import decode_source
 
         with open(self.path, "rb") as f:
             return decode_source(f.read())

@@ -496,7 +496,9 @@ class ModulePlan:
                     self.named.add(id(new))
                 obj = _same_descriptor(obj, new)
             elif op.kind == WRAP:
-                obj = objects.wrap_object(obj, op.obj, self.module, qual)
+                from . import wrappers  # wrapt costs ~25 ms: imported only where one is wrapped
+
+                obj = wrappers.wrap_object(obj, op.obj, self.module, qual)
             elif op.kind == SUBCLASS:
                 obj = self._subclass(qual, op, obj)
                 self.named.add(id(obj))
@@ -1070,7 +1072,7 @@ def inherited_hint(module: str, file: str | None, qual: str) -> str:
     import importlib.machinery
 
     from . import bindings
-    from .finder import decode_source
+    from .safefiles import decode_source
 
     def load(name: str) -> tuple[ast.Module, bool] | None:
         path: list[str] | None = None

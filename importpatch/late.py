@@ -162,7 +162,7 @@ def source_text(module: ModuleType) -> str | None:
         file = getattr(module, "__file__", None)
         if isinstance(file, str) and file.endswith(".py"):
             try:
-                from .finder import decode_source
+                from .safefiles import decode_source
 
                 with open(file, "rb") as f:
                     text = decode_source(f.read())
