@@ -56,11 +56,10 @@ def read_text(path: str) -> str:
 
 def write_text(path: str, text: str) -> None:
     """Write atomically (a crash leaves the old file or the new one, never half of one)."""
+    from .safefiles import replace_file
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    replace_file(path, text.encode("utf-8"))
 
 
 def read_utf8(path: str) -> str:

@@ -401,17 +401,12 @@ def _header(session: authoring.Session, requires: str | None, summary: str | Non
 
 def _restore(found: Scan, rel: str, data: bytes) -> str:
     """Write the pristine bytes over the installed file (atomically, its mode kept)."""
+    from .safefiles import replace_file
+
     path = os.path.join(found.site, *rel.split("/"))
-    tmp = f"{path}.{os.getpid()}.importpatch-restore"
     try:
-        mode = os.stat(path).st_mode & 0o7777
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        replace_file(path, data, mode=os.stat(path).st_mode & 0o7777)
     except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
         raise UsageError(f"restoring {path} failed: {exc} (the diff is written)",
                          f"reinstall {found.dist}=={found.version}, or fix the permissions and "
                          "run capture --restore again with --out to another file") from None

@@ -243,12 +243,9 @@ class InstalledSource(Source):
             if places[0].endswith(".py"):
                 return places[0]
             return init if os.path.isfile(init) else None
-        for base in places:
-            stem = os.path.join(base, *rest)
-            for file in (stem + ".py", os.path.join(stem, "__init__.py")):
-                if os.path.isfile(file):
-                    return file
-        return None
+        from .finder import file_under
+
+        return file_under(places, rest)
 
     def has_package(self, top: str) -> bool:
         return self._top_locations(top) is not None

@@ -53,12 +53,7 @@ def module_exists(name: str) -> bool:
         parent = sys.modules.get(".".join(parts[:i]))
         if parent is None:
             continue
-        rest = parts[i:]
-        for base in getattr(parent, "__path__", ()) or ():
-            stem = os.path.join(base, *rest)
-            if os.path.isfile(stem + ".py") or os.path.isfile(os.path.join(stem, "__init__.py")):
-                return True
-        return False
+        return file_under(getattr(parent, "__path__", ()) or (), parts[i:]) is not None
     from importlib.machinery import PathFinder
 
     return PathFinder.find_spec(name) is not None if len(parts) == 1 else False
@@ -555,6 +550,12 @@ def source_file(name: str) -> str | None:
             origin = spec.origin
             return origin if isinstance(origin, str) and origin.endswith(".py") else None
         bases, rest = list(spec.submodule_search_locations or ()), parts[1:]
+    return file_under(bases, rest)
+
+
+def file_under(bases: Iterable[str], rest: list[str]) -> str | None:
+    """The file of the module ``rest`` (its dotted name's parts) below the first of the package
+    folders ``bases`` that has it: ``rest.py`` or ``rest/__init__.py``."""
     for base in bases:
         stem = os.path.join(base, *rest)
         for file in (stem + ".py", os.path.join(stem, "__init__.py")):

@@ -7,8 +7,9 @@ from, so that the next fix to one of them touches one file.
   no one else can write (a cache file is code that will run), ``folder(root, ...)`` creates and
   checks (owner, mode 0700) every folder under it before anything in it is trusted, and
   ``read_owned(path)`` reads only a regular file of ours there, non-blocking;
-- ``write_atomic(path, data)``: a temporary file in the same folder moved into place with
-  ``os.replace``, so a reader sees a whole file or none;
+- ``replace_file(path, data)`` (raises) and ``write_atomic(path, data)`` (the cache's: warns):
+  a temporary file in the same folder moved into place with ``os.replace``, so a reader sees a
+  whole file or none;
 - ``decode_source(raw)``: source bytes to text with the declared encoding, line endings kept.
 
 Cheap to import (it runs in every patched process) and never raises out of the cache helpers:
@@ -150,22 +151,36 @@ def read_owned(path: str, why: list[str] | None = None) -> bytes | None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes) -> bool:
+def replace_file(path: str, data: bytes, *, mode: int | None = None, private: bool = False
+                 ) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``:
-    a reader sees a whole file or none. False (and one warning per process) when it fails."""
+    a reader sees the old file or the new one, never half of one. ``mode``: the new file's mode
+    (else 0666 less the umask, as ``open`` makes it; ``private``: 0600). Raises OSError, the
+    temporary file removed."""
     # Unique per writer: processes (pid) and threads (ident) never share a temporary file.
     tmp = f"{path}.{os.getpid()}-{_thread.get_ident()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                     0o600)
+                     0o600 if private else 0o666)
         with open(fd, "wb") as f:
             f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path: str, data: bytes) -> bool:
+    """``replace_file`` for a file of the cache (0600): False (and one warning per process) when
+    it fails."""
+    try:
+        replace_file(path, data, private=True)
         return True
     except OSError as exc:
         events.warn_once("cache-write", f"cannot write under {os.path.dirname(path)}: {exc}")
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         return False
 
 
