@@ -9,7 +9,7 @@ Invariants:
 - The key is a 128-bit hash over everything that changes the compiled code: the original source
   bytes, the content of every applied code operation in the order it is applied (diff hunks; an
   AST transform's defining file, its place there, closure values and defaults), the targeted
-  names and those whose facts are stored with the code (``landing.fact_quals``), the
+  names and those whose facts are stored with the code (``activation.fact_quals``), the
   interpreter's magic number and optimisation level, the project's version, the module name,
   its file and the root (the code's file name is one of them). Patch *names*, toggles, log
   settings and replacement objects are not in it: they do not change the code (replacements are
@@ -69,9 +69,10 @@ MAX_BYTES = 256 * 1024 * 1024
 PRUNE_TO = 0.75
 # The modules whose code decides what code a patched module compiles to: a change to any of them
 # (an editable checkout, a dev upgrade) must not reuse entries compiled by the old code.
+# Paths below the package folder, without ".py" (tests/test_layout.py checks each exists).
 PRODUCERS = (
-    "bindings", "bytecache", "declare", "diffs", "fields", "finder", "landing", "publish",
-    "transforms",
+    "activation", "bindings", "bytecache", "declare", "diffs", "fields", "finder", "landing",
+    "publish", "safefiles", "transforms",
 )
 
 
@@ -137,7 +138,9 @@ def producers_hash() -> bytes:
     if _producers is not None:
         return _producers
     here = os.path.dirname(os.path.abspath(__file__))
-    files = tuple(os.path.join(here, f"{name}.py") for name in PRODUCERS)
+    for _ in range(__name__.count(".") - 1):  # this module's package up to importpatch/
+        here = os.path.dirname(here)
+    files = tuple(os.path.join(here, *f"{name}.py".split("/")) for name in PRODUCERS)
     sig = []
     for f in files:
         try:

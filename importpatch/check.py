@@ -51,8 +51,8 @@ from .declare import (
     SUBCLASS,
     TRANSFORM,
 )
-from .finder import declared
 from .safefiles import decode_source as _decode
+from .selection import declared
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
 ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
@@ -243,7 +243,7 @@ class InstalledSource(Source):
             if places[0].endswith(".py"):
                 return places[0]
             return init if os.path.isfile(init) else None
-        from .finder import file_under
+        from .selection import file_under
 
         return file_under(places, rest)
 
@@ -572,7 +572,7 @@ class OpResult:
     symbol: SymbolResult | None = None
     order: int | None = None  # a wrap's or subclass's order
     decorated: bool | None = None  # replace / wrap / subclass: on the decorated result
-    chain: dict[str, Any] | None = None  # a chain op of an active patch: landing.link
+    chain: dict[str, Any] | None = None  # a chain op of an active patch: activation.link
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -830,7 +830,7 @@ class _Checker:
         """Why a replace or subclass cannot apply to what the source binds (the import hook
         refuses the same): a non-class in place of a class, a subclass of a function."""
         from . import bindings
-        from .landing import not_a_class
+        from .activation import not_a_class
 
         b = v.binding
         if b is None or v.state not in (bindings.BOUND, bindings.MAYBE) or op.qualname is None:
@@ -1012,10 +1012,10 @@ def did_you_mean(names: Sequence[str], known: Iterable[str]) -> str:
 def chains_of(ops: Iterable[tuple[declare.Op, str]],
               link_of: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Per target (module, qualname) of replace and wrap operations, the effective chain,
-    innermost first (``landing.chain``, the order the loader applies them in):
-    ``[{"target", "module", "qualname", "links": [landing.link]}]``, and each op's link in
+    innermost first (``activation.chain``, the order the loader applies them in):
+    ``[{"target", "module", "qualname", "links": [activation.link]}]``, and each op's link in
     ``link_of`` (by id). Used by ``check`` and ``list``."""
-    from .landing import chain, link
+    from .activation import chain, link
 
     groups: dict[tuple[str, str], list[declare.Op]] = {}
     for op, module in ops:

@@ -23,7 +23,7 @@ Invariants:
 - The default is written as a literal when it is one (``None``, numbers, strings, bytes, and
   lists, tuples, dicts and sets of them: ``repr`` parses back to an equal value), so the patched
   text reads as the edit a person would make. Any other object stays in the patch and the line
-  reads ``__import__('importpatch.landing').landing.value('MODULE', 'Class.name')``: the code
+  reads ``__import__('importpatch.activation').activation.value('MODULE', 'Class.name')``: the code
   names the field, never the object, so the compiled module stays cacheable (``fingerprint``: the
   bytecode cache keys on the inserted text).
 - A field is a code change like a diff: ``importpatch diff`` shows it, ``check`` tries it, and an
@@ -78,7 +78,9 @@ def value_text(op: Op, module: str) -> str | None:
     text = literal(op.obj)
     if text is not None:
         return text
-    return f"__import__('importpatch.landing').landing.value({module!r}, {op.qualname!r})"
+    from .activation import HOOKS
+
+    return f"{HOOKS}.value({module!r}, {op.qualname!r})"
 
 
 def fingerprint(op: Op) -> bytes:

@@ -15,7 +15,7 @@ Invariants:
   written there would poison later unpatched runs). Its own bytecode cache lives elsewhere.
 - Any failure of an enabled patch raises ``PatchError`` out of ``exec_module``; importlib then
   removes the module from ``sys.modules``, so no half-patched module remains.
-- ``exec_module`` runs what ``get_code`` returns, and that code calls ``landing.begin``/``done``
+- ``exec_module`` runs what ``get_code`` returns, and that code calls ``activation.begin``/``done``
   itself: a hook that wraps our ``get_code`` sees the patched code, ``python -m`` (runpy executes
   ``get_code()``) gets the same checks and events, and code that ran without them fails closed.
 - Other hooks on ``sys.meta_path`` compose: when one looks the module up again through
@@ -28,94 +28,17 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
     from importlib.machinery import ModuleSpec
     from types import CodeType, ModuleType
     from typing import Any
 
+    from .activation import ModulePlan
     from .catalog import Entry
     from .declare import Op, Patch
-    from .landing import ModulePlan
-
-
-def module_exists(name: str) -> bool:
-    """Whether module ``name`` exists, without importing it: imported, or a file or package
-    folder under an already-imported ancestor package."""
-    if name in sys.modules:
-        return True
-    parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        parent = sys.modules.get(".".join(parts[:i]))
-        if parent is None:
-            continue
-        return file_under(getattr(parent, "__path__", ()) or (), parts[i:]) is not None
-    from importlib.machinery import PathFinder
-
-    return PathFinder.find_spec(name) is not None if len(parts) == 1 else False
-
-
-def applicable_ops(patches: list[Any], fullname: str) -> list[Op]:
-    """Operations of ``patches`` that target ``fullname``: it is one of the op's candidate
-    module paths, and no earlier candidate exists (the first that exists wins)."""
-    ops = []
-    for patch in patches:
-        for op in patch.ops:
-            if fullname in op.modules:
-                idx = op.modules.index(fullname)
-                if not any(module_exists(m) for m in op.modules[:idx]):
-                    ops.append(op)
-    return ops
-
-
-class Declared:
-    """A patch entry's declaration, loaded, with its version requirement judged."""
-
-    __slots__ = ("entry", "patch", "error", "ok", "why")
-
-    def __init__(self, entry: Entry, patch: Patch | None, error: str, ok: bool, why: str) -> None:
-        self.entry, self.patch, self.error, self.ok, self.why = entry, patch, error, ok, why
-
-
-def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None,
-             where: str | None = None) -> Declared:
-    """Load ``entry``'s declaration (executing its file the first time) and judge its version
-    requirement, with ``version_of`` (default: what is installed; ``where`` names what it reads
-    otherwise). The one implementation the loader, late activation and ``importpatch check``
-    share; it records nothing."""
-    from .catalog import load_patch
-    from .versions import check, distribution_version
-
-    try:
-        patch = load_patch(entry)
-    except Exception as exc:
-        return Declared(entry, None, f"{type(exc).__name__}: {exc}", False, "")
-    ok, why = check(patch.requires, version_of or distribution_version, where)
-    return Declared(entry, patch, "", ok, why)
-
-
-def load_patches(entries: list[Entry], module: str) -> tuple[list[Patch], list[Declared]]:
-    """Patches of ``entries`` whose requirement holds (a skip is recorded as an event), once each
-    (two entries may name one Patch object), and the declarations that failed to load."""
-    from . import events
-
-    patches: list[Patch] = []
-    broken: list[Declared] = []
-    for entry in entries:
-        d = declared(entry)
-        if d.patch is None:
-            broken.append(d)
-        elif any(p is d.patch for p in patches):
-            continue
-        elif not d.ok:
-            events.record("skipped", d.patch.name, module, "version", d.why)
-        else:
-            patches.append(d.patch)
-    return patches, broken
 
 
 class PatchFinder:
@@ -273,11 +196,13 @@ class PatchLoader:
                 "the module's code ran without importpatch's landings (another import hook "
                 "replaced the code it executed)", file=self.origin,
             ))
+        from .selection import mark_handled
+
         mark_handled(module, (e.name for e in self.entries))
 
     def get_code(self, fullname: str) -> CodeType:
         # runpy (python -m) executes get_code()'s result in __main__ itself: the code calls
-        # landing.begin/done, so it gets the same checks, failures and events as an import.
+        # activation.begin/done, so it gets the same checks, failures and events as an import.
         return self._build().code
 
     def get_source(self, fullname: str) -> str:
@@ -305,6 +230,7 @@ class PatchLoader:
 
     def _ops(self) -> list[Op]:
         from .errors import PatchError
+        from .selection import applicable_ops, load_patches
 
         patches, broken = load_patches(self.entries, self.fullname)
         for d in broken:
@@ -316,8 +242,8 @@ class PatchLoader:
         return applicable_ops(patches, self.fullname)
 
     def _build_uncached(self) -> Build:
+        from .activation import record_skip
         from .errors import PatchError
-        from .landing import record_skip
 
         origin = self.origin
         if origin is None or not hasattr(self.loader, "get_data") or not origin.endswith(".py"):
@@ -339,7 +265,7 @@ class PatchLoader:
                 ops = [op for op in ops if op.patch.name != exc.patch]
 
     def _build_with(self, origin: str, ops: list[Op]) -> Build:
-        from . import bytecache, landing, publish, safefiles
+        from . import activation, bytecache, publish, safefiles
         from .declare import CODE_KINDS, FIELD
         from .errors import PatchError
 
@@ -347,9 +273,9 @@ class PatchLoader:
         text = safefiles.decode_source(raw)
         code_ops = [op for op in ops if op.kind in CODE_KINDS]
         object_ops = [op for op in ops if op.kind not in CODE_KINDS]
-        qualnames = sorted({landing.site_of(op)[0] for op in object_ops} - {""})
-        fact_quals = landing.fact_quals(object_ops)
-        plan = landing.ModulePlan(self.fullname, object_ops, origin)
+        qualnames = sorted({activation.site_of(op)[0] for op in object_ops} - {""})
+        fact_quals = activation.fact_quals(object_ops)
+        plan = activation.ModulePlan(self.fullname, object_ops, origin)
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
         cache_root = safefiles.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
@@ -358,7 +284,7 @@ class PatchLoader:
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals,
                             siblings)
         cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
-        facts = landing.Fact.unpack(cached[1]) if cached is not None else None
+        facts = activation.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
             code, _, patched = cached
             filename = publish.publish(origin, patched, cache_root) if patched != text else origin
@@ -388,12 +314,12 @@ class PatchLoader:
                     f"patched source does not compile: {exc.msg} (line {exc.lineno})", file=origin,
                 ) from None
             if use_cache:
-                bytecache.store(cache_root, key, code, landing.Fact.pack(facts), patched, text)
+                bytecache.store(cache_root, key, code, activation.Fact.pack(facts), patched, text)
         plan.unseen = {q for q, fact in facts.items() if not fact.seen}
         plan.prepare(facts)  # may fail the import before anything ran
         build = Build(code, plan, patched, code_ops)
         plan.after_exec = lambda namespace: self._after_exec(build, namespace)
-        landing.register(plan)
+        activation.register(plan)
         return build
 
     def _after_exec(self, build: Build, namespace: dict[str, Any]) -> None:
@@ -550,18 +476,9 @@ def source_file(name: str) -> str | None:
             origin = spec.origin
             return origin if isinstance(origin, str) and origin.endswith(".py") else None
         bases, rest = list(spec.submodule_search_locations or ()), parts[1:]
+    from .selection import file_under
+
     return file_under(bases, rest)
-
-
-def file_under(bases: Iterable[str], rest: list[str]) -> str | None:
-    """The file of the module ``rest`` (its dotted name's parts) below the first of the package
-    folders ``bases`` that has it: ``rest.py`` or ``rest/__init__.py``."""
-    for base in bases:
-        stem = os.path.join(base, *rest)
-        for file in (stem + ".py", os.path.join(stem, "__init__.py")):
-            if os.path.isfile(file):
-                return file
-    return None
 
 
 def _innermost(loader: Any) -> Any:
@@ -584,20 +501,6 @@ def _module_of(namespace: dict[str, Any], name: str) -> ModuleType:
     view = types.ModuleType(name)
     vars(view).update(namespace)
     return view
-
-
-# Patches already handled (applied, skipped or failed) per module object: a later enable() must
-# not apply them again in place (a second wrap would stack on the first).
-_handled: dict[str, tuple[ModuleType, set[str]]] = {}
-
-
-def handled(module: ModuleType) -> set[str]:
-    entry = _handled.get(module.__name__)
-    return entry[1] if entry is not None and entry[0] is module else set()
-
-
-def mark_handled(module: ModuleType, patches: Iterable[str]) -> None:
-    _handled[module.__name__] = (module, handled(module) | set(patches))
 
 
 def installed() -> PatchFinder | None:
