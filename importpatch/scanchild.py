@@ -63,7 +63,8 @@ def scan_in_child(
             if fd is not None:
                 os.close(fd)
         return None
-    code = f"import importpatch.catalog as c; c.scan_for_parent({from_parent}, {to_parent})"
+    # The catalog is this module's sibling (named so, the code string needs no import of it).
+    code = f"import {__package__}.catalog as c; c.scan_for_parent({from_parent}, {to_parent})"
     flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
                              ("-s", sys.flags.no_user_site)) if on]
     try:
