@@ -493,6 +493,8 @@ _REBUILDABLE = ("property", "staticmethod", "classmethod", "cached_property", "l
 
 
 def _decorator_name(expr: ast.expr) -> str:
+    import ast
+
     if isinstance(expr, ast.Call):
         expr = expr.func
     if isinstance(expr, ast.Attribute):
@@ -505,6 +507,8 @@ def redecorate_plan(
 ) -> list[tuple[str, Any]]:
     """The decorator layers around the undecorated definition of ``qual`` (outermost first), as
     ``(kind, layer object)``; raises LateRefusal when they cannot be rebuilt."""
+    import ast
+
     from . import bindings
 
     advice = (
