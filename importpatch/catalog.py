@@ -225,9 +225,7 @@ _unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ..
 
 
 def load_index(toggles: config.Toggles) -> Index:
-    from .folders import configured
-
-    index = Index(configured(toggles), sites.search_path())
+    index = Index(config.patch_folders(toggles), sites.search_path())
     if index.read():
         return index
     kept = _unwritten.get(index.ident)

@@ -27,7 +27,6 @@ Invariants:
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import zlib
 
@@ -37,43 +36,7 @@ if TYPE_CHECKING:
     from types import CodeType, ModuleType
     from typing import Any
 
-    from . import config
-
 ROOT = "importpatch._declared"
-
-
-def builtin_folder() -> str | None:
-    """The built-in patches: shipped in the package, or ``patches/`` beside it in a checkout."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for _ in range(__name__.count(".") - 1):  # this module's package up to importpatch/
-        here = os.path.dirname(here)
-    shipped, checkout = "_builtin_patches", os.path.join(os.path.dirname(here), "patches")
-    for candidate in (os.path.join(here, shipped), checkout):
-        if os.path.isdir(candidate):
-            return candidate
-    return None
-
-
-def configured(toggles: config.Toggles) -> list[tuple[str, str]]:
-    """(kind, folder) of every patch folder of these toggles: the built-in one first, then each
-    folder of ``IMPORTPATCH_PATH`` that exists, once."""
-    out = []
-    builtin = builtin_folder()
-    if builtin:
-        out.append(("builtin", builtin))
-    # One folder named twice (itself and a link to it, or a path with "..") is scanned once:
-    # told by device and inode (one stat each; realpath costs a stat per path component).
-    seen: set[tuple[int, int]] = set()
-    for p in ([builtin] if builtin else []) + list(toggles.path):
-        try:
-            st = os.stat(p)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            if p != builtin:
-                out.append(("folder", os.path.abspath(p)))
-    return out
 
 
 def is_helper(name: str) -> bool:
@@ -205,7 +168,7 @@ def _from_config(pkg: str) -> str | None:
     this process's toggles."""
     from . import config
 
-    for _, folder in configured(config.read()):
+    for _, folder in config.patch_folders(config.read()):
         if package_name(folder) == pkg:
             package(folder)
             return folder
