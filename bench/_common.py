@@ -46,9 +46,9 @@ def clean_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
 
 def _sources_digest() -> str:
     h = hashlib.sha256()
-    for path in sorted([*ROOT.glob("importpatch/*.py"), *ROOT.glob("bootstrap/*"),
+    for path in sorted([*ROOT.glob("importpatch/**/*.py"), *ROOT.glob("bootstrap/*"),
                         ROOT / "pyproject.toml", ROOT / "hatch_build.py"]):
-        h.update(path.name.encode() + path.read_bytes())
+        h.update(str(path.relative_to(ROOT)).encode() + path.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -5,7 +5,8 @@ Importing this package is cheap: the public names below load their modules on fi
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
+
 __all__ = [
     "Patch", "PatchError", "DeclarationError", "enable", "disable", "applied", "bind",
 ]
@@ -41,21 +42,9 @@ def enable(*names: str, environ: dict[str, str] | None = None) -> int:
     are patched as they load; targets already imported are patched in place, and the copies
     other modules' source proves (``from x import y``, ...) are re-bound (see ``late``). Returns
     the number of enabled patches."""
-    import os
+    from . import _boot
 
-    from . import _boot, config
-    from .declare import iter_registry
-    from .finder import installed
-
-    env = dict(os.environ if environ is None else environ)
-    # Earlier enable() calls stay in force: the new finder replaces the old one.
-    current = installed()
-    previous = [e.name for e in current.entries] if current is not None else []
-    api_names = [p.name for p in iter_registry()]
-    wanted = [config.get(env, config.ENABLE) or "", *previous, *names, *api_names]
-    env[config.ENABLE] = ",".join(filter(None, wanted))
-    finder = _boot.activate(env, late=True)
-    return len(finder.entries) if finder is not None else 0
+    return _boot.enable(*names, environ=environ)
 
 
 def disable() -> None:

@@ -244,7 +244,7 @@ def activate(
 
     ``late=True`` (an explicit ``enable()``, vLLM's general-plugin hook, a Ray worker whose
     variables arrived after start) also patches targets that are already imported."""
-    from . import bytecache, catalog, config, events, finder
+    from . import catalog, config, events, finder, safefiles
 
     global activated_with
     activated_with = toggles_key(environ)
@@ -254,8 +254,8 @@ def activate(
     if toggles.off:
         finder.uninstall()
         return None
-    bytecache.reset()
-    if bytecache.usable_root() is None and not config.get(os.environ, config.CACHE_DIR):
+    safefiles.reset()
+    if safefiles.usable_root() is None and not config.get(os.environ, config.CACHE_DIR):
         problem = config.default_cache_root()[1]
         if problem:
             events.warn_once("cache-root", problem + "; running without a cache")
@@ -298,6 +298,24 @@ def activate(
         installed.check_imported_tops(strict=toggles.strict)
         apply_to_imported(installed)
     return installed
+
+
+def enable(*names: str, environ: dict[str, str] | None = None) -> int:
+    """``importpatch.enable()`` (see there): the patches named, by the environment and made with
+    ``Patch(...)`` in this process, on from now; returns the number of enabled patches."""
+    from . import config
+    from .declare import iter_registry
+    from .finder import installed
+
+    env = dict(os.environ if environ is None else environ)
+    # Earlier enable() calls stay in force: the new finder replaces the old one.
+    current = installed()
+    previous = [e.name for e in current.entries] if current is not None else []
+    api_names = [p.name for p in iter_registry()]
+    wanted = [config.get(env, config.ENABLE) or "", *previous, *names, *api_names]
+    env[config.ENABLE] = ",".join(filter(None, wanted))
+    finder = activate(env, late=True)
+    return len(finder.entries) if finder is not None else 0
 
 
 def _unknown_names(toggles: Any, entries: list[Entry]) -> list[tuple[str, str]]:
@@ -388,7 +406,7 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     """Write the .pth line's stamp when its key covers everything (see the module docstring):
     empty when nothing is on; else (``chosen``: patches on by default only, none broken) the
     top-level packages they target, one per line, which the line then waits for."""
-    from . import bytecache, catalog, config, sites
+    from . import catalog, config, safefiles, sites
 
     if _pth is None or index.entry_points or index.path is None:
         return
@@ -399,7 +417,7 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     if chosen and (not tops or any(e.error or not e.modules for e in chosen)):
         return
     root = config.default_cache_root()[0]
-    if root is None or config.get(os.environ, config.CACHE_DIR) or root != bytecache.usable_root():
+    if root is None or config.get(os.environ, config.CACHE_DIR) or root != safefiles.usable_root():
         return
     sitedir, site_key, path_len = _pth
     site_path = sites.site_path or []
@@ -421,27 +439,27 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     if (mtime_ns, ctime_ns, inode) != site_key or racy:
         return
     path = stamp_path(root, site_key, path_len)
-    if bytecache.folder(root, "s", "") is not None:
-        bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+    if safefiles.folder(root, "s", "") is not None:
+        safefiles.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
 
 
 def _write_targets(entries: list[Entry]) -> None:
     """Keep ``targets_path`` up to date: what every known patch targets, for the imports that
     fail closed when the hook cannot start (see _fails_closed). Called where the index was
     rebuilt (never on the warm path); written only when it changed."""
-    from . import bytecache, config
+    from . import config, safefiles
 
     root = config.default_cache_root()[0]
     if _pth is None or root is None:
         return
-    if root != bytecache.usable_root() and bytecache._check_root(root) is not None:
+    if root != safefiles.usable_root() and safefiles.check_root(root) is not None:
         return  # (IMPORTPATCH_CACHE_DIR elsewhere: the .pth line looks in the default root)
     tops = sorted({m.partition(".")[0] for e in entries for group in e.modules for m in group})
     path = targets_path(root, _pth[0])
     if path is None or _read_names(path) == tops:
         return
-    if bytecache.folder(root, "s", "") is not None:
-        bytecache.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+    if safefiles.folder(root, "s", "") is not None:
+        safefiles.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
 
 
 def _later_pth_names_a_missing_folder(sitedir: str) -> bool:

@@ -1,7 +1,7 @@
 """Writing a source-diff patch without a checkout: ``importpatch edit`` and ``importpatch save``.
 
 ``edit`` copies a module's source, found without importing anything (the installed file, or a
-release's file with ``--against WHEEL|SDIST|DIR``, through the ``check.Source`` that ``check``
+release's file with ``--against WHEEL|SDIST|DIR``, through the ``packages.Source`` that ``check``
 uses), into a work folder, twice:
 
     <work>/<NAME>/session.json        what was copied from where, and the release (Base)
@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any
 
-from . import check, declare, diffs, releases
+from . import declare, diffs, packages, releases
 
 SESSION = "session.json"
 FORMAT = 1
@@ -56,11 +56,10 @@ def read_text(path: str) -> str:
 
 def write_text(path: str, text: str) -> None:
     """Write atomically (a crash leaves the old file or the new one, never half of one)."""
+    from .safefiles import replace_file
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    replace_file(path, text.encode("utf-8"))
 
 
 def read_utf8(path: str) -> str:
@@ -73,7 +72,7 @@ def read_utf8(path: str) -> str:
             raw = f.read()
         line = raw[:exc.start].count(b"\n") + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise check.UsageError(
+        raise packages.UsageError(
             f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}, column "
             f"{column} is not ({exc.reason})",
             "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), then save again",
@@ -86,7 +85,7 @@ def write_or_explain(path: str, text: str) -> None:
         write_text(path, text)
     except OSError as exc:
         folder = os.path.dirname(os.path.abspath(path))
-        raise check.UsageError(
+        raise packages.UsageError(
             f"cannot write {path}: {exc.strerror or exc} (in folder {folder})",
             "pass --out FILE or FOLDER somewhere you can write",
         ) from None
@@ -95,15 +94,15 @@ def write_or_explain(path: str, text: str) -> None:
 # -- Releases: which distribution and version a file came from ----------------------------------
 
 
-def release_of(source: check.Source, top: str) -> tuple[str, str] | None:
+def release_of(source: packages.Source, top: str) -> tuple[str, str] | None:
     """(distribution, version) holding import package ``top`` in ``source``, if known."""
     version = source.version(top)
     if version is None:
         return None
     for dist in source.dists:
-        if top in dist.top_levels or check.canonical(dist.name) == check.canonical(top):
+        if top in dist.top_levels or packages.canonical(dist.name) == packages.canonical(top):
             return dist.name, dist.version
-    if isinstance(source, check.InstalledSource):
+    if isinstance(source, packages.InstalledSource):
         from importlib import metadata
 
         for name in metadata.packages_distributions().get(top, []):
@@ -158,11 +157,11 @@ class Session:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise check.UsageError(f"{folder}/{SESSION} is unreadable: {exc}",
-                                   "remove the work folder and start again") from None
+            raise packages.UsageError(f"{folder}/{SESSION} is unreadable: {exc}",
+                                      "remove the work folder and start again") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise check.UsageError(f"{folder}/{SESSION} is not a session of this importpatch",
-                                   "remove the work folder and start again")
+            raise packages.UsageError(f"{folder}/{SESSION} is not a session of this importpatch",
+                                      "remove the work folder and start again")
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(folder=folder, **{k: v for k, v in data.items() if k in fields})
 
@@ -199,8 +198,8 @@ def session_folder(name: str, work: str | None) -> str:
 
 def check_name(name: str) -> None:
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name in (".", ".."):
-        raise check.UsageError(f"patch name {name!r}: use letters, digits, - _ .",
-                               "e.g. --name my-sampler-fix")
+        raise packages.UsageError(f"patch name {name!r}: use letters, digits, - _ .",
+                                  "e.g. --name my-sampler-fix")
 
 
 def find_patch(name: str) -> declare.Patch | None:
@@ -212,8 +211,8 @@ def find_patch(name: str) -> declare.Patch | None:
             try:
                 patch = catalog.load_patch(entry)
             except Exception as exc:
-                raise check.UsageError(f"patch {name} does not load from {entry.source}: {exc}",
-                                       "fix its declaration first") from None
+                raise packages.UsageError(f"patch {name} does not load from {entry.source}: {exc}",
+                                          "fix its declaration first") from None
             patch.origin = entry.origin  # "folder": its file is the user's to rewrite
             return patch
     return None
@@ -222,7 +221,7 @@ def find_patch(name: str) -> declare.Patch | None:
 def diff_ops(patch: declare.Patch) -> list[declare.Op]:
     ops = [op for op in patch.ops if op.kind == declare.DIFF]
     if not ops or len(ops) != len(patch.ops):
-        raise check.UsageError(
+        raise packages.UsageError(
             f"patch {patch.name} is not a source diff (its operations: "
             f"{', '.join(sorted({op.kind for op in patch.ops}))})",
             "edit/save/rebase work on .diff patches; a Python patch is edited as Python",
@@ -258,10 +257,10 @@ def names_package(requirement: str, top: str) -> bool:
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:
-        name = check.canonical(Requirement(requirement).name)
+        name = packages.canonical(Requirement(requirement).name)
     except InvalidRequirement:
         return False
-    return name == check.canonical(top) or name.startswith(check.canonical(top) + "-")
+    return name == packages.canonical(top) or name.startswith(packages.canonical(top) + "-")
 
 
 def admits(requires: list[str], top: str, version: str) -> bool:
@@ -313,11 +312,11 @@ def edit(
     patch = find_patch(name) if name else None
     ops = diff_ops(patch) if patch is not None else []
     if not modules and not ops:
-        raise check.UsageError("name a module to edit", "e.g. importpatch edit "
-                               "vllm.v1.sample.sampler --name my-fix")
+        raise packages.UsageError("name a module to edit", "e.g. importpatch edit "
+                                  "vllm.v1.sample.sampler --name my-fix")
     if name is None:
         name = modules[0].rsplit(".", 1)[-1].replace("_", "-") + "-edit"
-    source = check.open_source(against)
+    source = packages.open_source(against)
     folder = session_folder(name, work)
     session = Session.load(folder) or Session(name, folder, note="edit")
     if patch is not None and not session.header:
@@ -334,25 +333,25 @@ def edit(
 
 
 def _copy_module(
-    session: Session, source: check.Source, module: str, op: declare.Op | None
+    session: Session, source: packages.Source, module: str, op: declare.Op | None
 ) -> Edited:
     candidates = op.modules if op is not None else (module,)
     found = next(((m, f) for m in candidates if (f := source.find(m)) is not None), None)
     if found is None:
-        raise check.UsageError(f"module {module} is not in {source.label}",
-                               "check the dotted name; --against picks another release")
+        raise packages.UsageError(f"module {module} is not in {source.label}",
+                                  "check the dotted name; --against picks another release")
     module, file = found
     top = module.partition(".")[0]
     release = release_of(source, top)
     base = f"{release[0]}=={release[1]}" if release else None
     if session.files and session.base != base:
-        raise check.UsageError(
+        raise packages.UsageError(
             f"{module} comes from {base or 'an unknown version'}, but patch {session.name} "
             f"was started on {session.base or 'an unknown version'}",
             "one diff is made against one release: use the same --against for every module",
         )
     session.base, session.package = base, top
-    rel = check.module_path(module, file)
+    rel = packages.module_path(module, file)
     text = source.text(file)
     edit_path, orig_path = session.path(EDIT, rel), session.path(ORIG, rel)
     kept = rel in session.files and os.path.isfile(edit_path)
@@ -364,7 +363,7 @@ def _copy_module(
             try:
                 start = diffs.apply(text, op.file_patch)
             except diffs.HunkMismatch as exc:
-                raise check.UsageError(
+                raise packages.UsageError(
                     f"patch {session.name} does not apply to {module} of {source.label}: {exc}",
                     f"'importpatch rebase {session.name} --to ...' carries it to this release",
                 ) from None
@@ -477,13 +476,13 @@ def make_patch_text(session: Session, header: str) -> tuple[str, list[str], list
         try:
             old, new = read_utf8(session.path(ORIG, rel)), read_utf8(session.path(EDIT, rel))
         except OSError as exc:
-            raise check.UsageError(f"work folder {session.folder}: {exc}",
-                                   f"'importpatch edit --name {session.name}' copies it again",
-                                   ) from None
+            raise packages.UsageError(f"work folder {session.folder}: {exc}",
+                                      f"'importpatch edit --name {session.name}' copies it again",
+                                      ) from None
         marked = conflict_lines(new)
         if marked:
             shown = ", ".join(str(n) for n in marked[:6]) + (" ..." if len(marked) > 6 else "")
-            raise check.UsageError(
+            raise packages.UsageError(
                 f"{session.path(EDIT, rel)} still has conflict markers (lines {shown})",
                 "resolve each <<<<<<< ... >>>>>>> block by hand, then save again",
             )
@@ -502,10 +501,10 @@ def save(
     folder = session_folder(name, work)
     session = Session.load(folder)
     if session is None:
-        raise check.UsageError(f"no work folder for patch {name} ({folder})",
-                               f"start with 'importpatch edit MODULE --name {name}'")
+        raise packages.UsageError(f"no work folder for patch {name} ({folder})",
+                                  f"start with 'importpatch edit MODULE --name {name}'")
     if session.missing:
-        raise check.UsageError(
+        raise packages.UsageError(
             f"patch {name} changes {', '.join(sorted(session.missing))}, which "
             f"{session.base or 'the target'} does not have: saving would drop those changes",
             "if the module moved, add 'Candidates: OLD/PATH.py NEW/PATH.py' to the patch's "
@@ -517,8 +516,8 @@ def save(
     header = header_for(session, session.base, requires, summary)
     text, changed, unchanged = make_patch_text(session, header)
     if not changed:
-        raise check.UsageError(f"nothing to save: no file of {folder}/{EDIT} differs from its "
-                               "original", "edit the files first")
+        raise packages.UsageError(f"nothing to save: no file of {folder}/{EDIT} differs from its "
+                                  "original", "edit the files first")
     target = output_path(name, out, session.patch_file)
     write_or_explain(target, text)
     session.patch_file = target  # saving again writes the same file
@@ -535,8 +534,8 @@ def _check_requires(text: str) -> None:
         try:
             Requirement(part)
         except InvalidRequirement as exc:
-            raise check.UsageError(f"--requires {text!r}: {exc}",
-                                   "a PEP 508 requirement, e.g. vllm>=0.32,<0.33") from None
+            raise packages.UsageError(f"--requires {text!r}: {exc}",
+                                      "a PEP 508 requirement, e.g. vllm>=0.32,<0.33") from None
 
 
 def output_path(name: str, out: str | None, patch_file: str | None) -> str:
@@ -550,7 +549,7 @@ def output_path(name: str, out: str | None, patch_file: str | None) -> str:
         return patch_file
     folders = config.read().path
     if not folders:
-        raise check.UsageError(
+        raise packages.UsageError(
             "where should the diff go? IMPORTPATCH_PATH is not set",
             "pass --out FILE or FOLDER, or set IMPORTPATCH_PATH to your patches folder",
         )
@@ -559,12 +558,12 @@ def output_path(name: str, out: str | None, patch_file: str | None) -> str:
     # (a .py declaring Patch.diff(...): two declarations of one name are a broken patch).
     declared = declared_source(name)
     if declared is not None and declared != target:
-        raise check.UsageError(
+        raise packages.UsageError(
             f"patch {name} is declared in {declared}, which save does not rewrite",
             "pass --out FILE (the diff file that declaration reads, or a new one)",
         )
     if os.path.lexists(target):
-        raise check.UsageError(f"{target} exists and is not the file of this work session",
-                               "pass --out FILE or FOLDER to choose where the diff goes "
-                               "(--out that file to replace it)")
+        raise packages.UsageError(f"{target} exists and is not the file of this work session",
+                                  "pass --out FILE or FOLDER to choose where the diff goes "
+                                  "(--out that file to replace it)")
     return target

@@ -461,8 +461,6 @@ def _enum_member(tree: ast.Module, owner: ast.ClassDef, found: list[Binding]) ->
     body refuses a second assignment of a member (``TypeError: 'RED' already defined``), and
     the finished class refuses ``setattr`` of one. A method (``def``) or a ``_sunder_`` /
     ``__dunder__`` name is no member."""
-    from .fields import enum_class
-
     values = [b for b in found if b.kind != "def" and b.kind != "class"]
     if not values or (values[0].name.startswith("_") and values[0].name.endswith("_")):
         return ""
@@ -680,3 +678,75 @@ def inherited_advice(module: str, qualname: str, where: str) -> str:
     return (f"{qualname} is inherited from {where}: target that, {where}.{attr} (every subclass "
             f"that does not define {attr} changes), or give {owner} only its own {attr} with "
             f"patch.add('{module}:{qualname}', ...)")
+
+
+def class_nodes(tree: ast.Module, qualname: str) -> list[ast.ClassDef]:
+    """Every live class statement binding ``qualname`` (``Outer.Inner`` paths)."""
+    scopes: list[list[ast.stmt]] = [tree.body]
+    found: list[ast.ClassDef] = []
+    for part in qualname.split("."):
+        found = [b.node for body in scopes for b in scope_bindings(body, part)
+                 if isinstance(b.node, ast.ClassDef)]
+        scopes = [c.body for c in found]
+    return found
+
+
+# -- Which classes collect their fields when built (for check, and Enum members here) ------------
+
+# Bases and decorators that collect fields from the class body, by their last dotted part.
+FIELD_BASES = {
+    "Struct": "a msgspec.Struct", "NamedTuple": "a NamedTuple", "TypedDict": "a TypedDict",
+    "Enum": "an Enum", "IntEnum": "an Enum", "StrEnum": "an Enum", "Flag": "an Enum",
+    "IntFlag": "an Enum", "ReprEnum": "an Enum", "BaseModel": "a pydantic model",
+    "RootModel": "a pydantic model", "BaseSettings": "a pydantic settings class",
+    "SQLModel": "a SQLModel",
+}
+FIELD_DECORATORS = {
+    "dataclass": "a dataclass", "s": "an attrs class", "attrs": "an attrs class",
+    "define": "an attrs class", "frozen": "an attrs class", "mutable": "an attrs class",
+    "dataclass_transform": "a dataclass",
+}
+
+
+def _last_name(expr: ast.expr) -> str:
+    if isinstance(expr, ast.Call):
+        expr = expr.func
+    if isinstance(expr, ast.Subscript):  # Generic[T]-style bases
+        expr = expr.value
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else ""
+
+
+def enum_class(tree: ast.Module, cls: ast.ClassDef) -> str:
+    """Why the source shows ``cls`` is an Enum ('' if it does not): an Enum base (by its last
+    dotted part), ``metaclass=EnumMeta``/``EnumType``, or a class of the same module that is."""
+    return collects_fields(tree, cls, enum_only=True)
+
+
+def collects_fields(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] = frozenset(),
+                    *, enum_only: bool = False) -> str:
+    """Why class ``cls`` builds fields from its body ('' if nothing says so): a base such as
+    ``msgspec.Struct``, ``NamedTuple``, ``TypedDict``, ``Enum``, ``BaseModel`` (or a class of the
+    same module that has one), a ``metaclass=`` keyword, or a decorator such as ``dataclass``
+    or attrs' ``define``. ``enum_only``: only what makes it an Enum."""
+    for deco in [] if enum_only else cls.decorator_list:
+        kind = FIELD_DECORATORS.get(_last_name(deco))
+        if kind:
+            return f"class {cls.name} is {kind} (decorator at line {deco.lineno})"
+    for kw in cls.keywords:
+        if kw.arg == "metaclass" and not enum_only:
+            return f"class {cls.name} has a metaclass (line {cls.lineno})"
+        if kw.arg == "metaclass" and _last_name(kw.value) in ("EnumMeta", "EnumType"):
+            return f"class {cls.name} has metaclass {ast.unparse(kw.value)} (line {cls.lineno})"
+    for base in cls.bases:
+        name = _last_name(base)
+        kind = FIELD_BASES.get(name)
+        if kind and (kind == "an Enum" or not enum_only):
+            return f"class {cls.name} is {kind} (base {ast.unparse(base)}, line {cls.lineno})"
+        if name and name not in _seen and isinstance(base, ast.Name):
+            for parent in class_nodes(tree, name):
+                why = collects_fields(tree, parent, _seen | {cls.name}, enum_only=enum_only)
+                if why:
+                    return f"class {cls.name} derives from {name}: {why}"
+    return ""

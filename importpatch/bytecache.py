@@ -9,7 +9,7 @@ Invariants:
 - The key is a 128-bit hash over everything that changes the compiled code: the original source
   bytes, the content of every applied code operation in the order it is applied (diff hunks; an
   AST transform's defining file, its place there, closure values and defaults), the targeted
-  names and those whose facts are stored with the code (``landing.fact_quals``), the
+  names and those whose facts are stored with the code (``activation.fact_quals``), the
   interpreter's magic number and optimisation level, the project's version, the module name,
   its file and the root (the code's file name is one of them). Patch *names*, toggles, log
   settings and replacement objects are not in it: they do not change the code (replacements are
@@ -40,16 +40,14 @@ Invariants:
 from __future__ import annotations
 
 import _imp
-import _thread
 import contextlib
 import marshal
 import os
-import stat
 import sys
 import time
 import zlib
 
-from . import config, events
+from . import config, events, safefiles
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,12 +62,6 @@ _KEY_LEN = 16
 _HEADER = len(FORMAT) + 4 + _KEY_LEN + 8 + 4  # format, magic number, key, payload size, crc32
 _SIPHASH_KEYS = (0x1F0C_5E7A_23D1_9B46, 0x6A2B_8C3D_4E5F_7081)  # any two distinct C longs
 _CodeType = type((lambda: 0).__code__)
-_root_checked = False
-_root: str | None = None
-_root_problem: str | None = None
-# Entries not read for this long get their mtime refreshed when read: prune() removes the least
-# recently used first, and a refresh costs one syscall a day per entry.
-_TOUCH_AFTER_S = 86_400
 # A temporary file of write_atomic younger than this belongs to a writer at work: prune() keeps it.
 _WRITER_AT_WORK_S = 3600
 # The cache is pruned to PRUNE_TO of this size when a new entry makes it bigger (see prune()).
@@ -77,9 +69,10 @@ MAX_BYTES = 256 * 1024 * 1024
 PRUNE_TO = 0.75
 # The modules whose code decides what code a patched module compiles to: a change to any of them
 # (an editable checkout, a dev upgrade) must not reuse entries compiled by the old code.
+# Paths below the package folder, without ".py" (tests/test_layout.py checks each exists).
 PRODUCERS = (
-    "bindings", "bytecache", "declare", "diffs", "fields", "finder", "landing", "publish",
-    "transforms",
+    "activation", "bindings", "bytecache", "declare", "diffs", "fields", "finder", "landing",
+    "publish", "safefiles", "transforms",
 )
 
 
@@ -90,147 +83,11 @@ def enabled() -> bool:
     return not config.flag(os.environ, config.NO_CACHE)
 
 
-def usable_root(*, report: bool = False) -> str | None:
-    """The cache root if it is safe and writable, else None. ``report``: say why, once per
-    process (the loader of a patched module asks so; start-up and discovery stay silent)."""
-    global _root_checked, _root, _root_problem
-    if not _root_checked:
-        root = config.cache_root()
-        _root_problem = config.default_cache_root()[1] if root is None else _check_root(root)
-        _root = None if _root_problem else root
-        _root_checked = True
-    if report and _root_problem:
-        events.warn_once("cache-root", _root_problem + "; compiling without the bytecode cache")
-    return _root
-
-
-def root_problem() -> tuple[str | None, str | None]:
-    """(the configured root, why it is not used or None): what `importpatch doctor` shows."""
-    usable_root()
-    return config.cache_root(), _root_problem
-
-
-def reset() -> None:
-    """Forget the checked root (tests and late activation change the environment)."""
-    global _root_checked, _root, _root_problem
-    _root_checked, _root, _root_problem = False, None, None
-    _safe_dirs.clear()
-
-
-def _unsafe(path: str, st: os.stat_result) -> str | None:
-    """Why a folder (or file) of the cache must not be trusted, or None."""
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return (f"{path} is owned by another user (uid {st.st_uid}); refused "
-                f"(set {config.CACHE_DIR} to a folder of your own)")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); refused "
-                f"(chmod go-w it and remove what is in it, or set {config.CACHE_DIR})")
-    return None
-
-
-def _check_root(root: str) -> str | None:
-    """Why ``root`` must not hold code that will run, or None when it is fine."""
-    try:
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        st = os.stat(root)
-    except OSError as exc:
-        return f"cache folder {root} unusable ({exc})"
-    problem = _unsafe(f"cache folder {root}", st)
-    if problem:
-        return problem
-    if not os.access(root, os.W_OK):
-        return f"cache folder {root} is read-only"
-    _safe_dirs.add(root)
-    return None
-
-
-# Folders under the root checked in this process (owner and mode; see folder()).
-_safe_dirs: set[str] = set()
-
-
-def folder(root: str, *parts: str) -> str | None:
-    """``root/part/.../name``: every folder on the way is created 0700 when missing and checked
-    (ours, writable by no one else) before anything in it is trusted; None when one is not fine
-    (reported once per process). The last part is a file name ("" for the folder itself)."""
-    path = root
-    for part in parts[:-1]:
-        path = os.path.join(path, part)
-        if path in _safe_dirs:
-            continue
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None
-        problem = _unsafe(f"cache folder {path}", st) or (
-            None if stat.S_ISDIR(st.st_mode) else f"{path} is not a folder")
-        if problem:
-            events.warn_once(f"cache-dir:{path}", problem + "; entries under it are ignored")
-            return None
-        _safe_dirs.add(path)
-    return os.path.join(path, parts[-1]) if parts else path
-
-
-def read_owned(path: str, why: list[str] | None = None) -> bytes | None:
-    """The bytes of the cache file ``path`` if it is a regular file of ours that nobody else
-    can write; else None (and the reason appended to ``why``)."""
-    # O_NONBLOCK: opening a FIFO put where a cache file should be must not wait for a writer
-    # (fstat then finds it is not a file); it changes nothing for a regular file.
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if why is not None:
-            why.append(f"unreadable ({exc.strerror})")
-        return None
-    try:
-        st = os.fstat(fd)
-        problem = _unsafe(path, st) or (None if stat.S_ISREG(st.st_mode) else "not a file")
-        if problem:
-            if why is not None:
-                why.append(f"owner or mode: {problem}")
-            return None
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read()
-        if st.st_mtime < time.time() - _TOUCH_AFTER_S:
-            with contextlib.suppress(OSError):  # least-recently-used order for prune()
-                os.utime(fd)
-        return data
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> bool:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``:
-    a reader sees a whole file or none. False (and one warning per process) when it fails."""
-    # Unique per writer: processes (pid) and threads (ident) never share a temporary file.
-    tmp = f"{path}.{os.getpid()}-{_thread.get_ident()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                     0o600)
-        with open(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return True
-    except OSError as exc:
-        events.warn_once("cache-write", f"cannot write under {os.path.dirname(path)}: {exc}")
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return False
-
-
-def _hash(data: bytes) -> bytes:
+def key_hash(data: bytes) -> bytes:
     return b"".join(_imp.source_hash(k, data) for k in _SIPHASH_KEYS)
 
 
-def _part(data: bytes) -> bytes:
+def key_part(data: bytes) -> bytes:
     return len(data).to_bytes(8, "little") + data
 
 
@@ -270,7 +127,7 @@ def op_fingerprint(op: Op) -> bytes | None:
 
     folder = folder_of(op.patch.source)  # a patch file's transform may call its folder's helpers
     helpers = helpers_digest(folder) if folder else b""
-    return _part(where) + _part(extra) + _part(file_text) + _part(helpers)
+    return key_part(where) + key_part(extra) + key_part(file_text) + key_part(helpers)
 
 
 def producers_hash() -> bytes:
@@ -281,7 +138,9 @@ def producers_hash() -> bytes:
     if _producers is not None:
         return _producers
     here = os.path.dirname(os.path.abspath(__file__))
-    files = tuple(os.path.join(here, f"{name}.py") for name in PRODUCERS)
+    for _ in range(__name__.count(".") - 1):  # this module's package up to importpatch/
+        here = os.path.dirname(here)
+    files = tuple(os.path.join(here, *f"{name}.py".split("/")) for name in PRODUCERS)
     sig = []
     for f in files:
         try:
@@ -289,10 +148,10 @@ def producers_hash() -> bytes:
             sig.append((st.st_mtime_ns, st.st_size, st.st_ino))
         except OSError:
             sig.append((-1, -1, -1))
-    root = usable_root()
-    memo = folder(root, "catalog", "producers") if root else None
+    root = safefiles.usable_root()
+    memo = safefiles.folder(root, "catalog", "producers") if root else None
     if memo is not None:
-        data = read_owned(memo)
+        data = safefiles.read_owned(memo)
         try:
             files_seen, sig_seen, digest = marshal.loads(data) if data else ((), (), b"")
             if files_seen == files and sig_seen == tuple(sig) and len(digest) == _KEY_LEN:
@@ -304,12 +163,12 @@ def producers_hash() -> bytes:
     for f in files:
         try:
             with open(f, "rb") as fh:
-                parts.append(_part(fh.read()))
+                parts.append(key_part(fh.read()))
         except OSError:
-            parts.append(_part(b""))
-    _producers = _hash(b"".join(parts))
+            parts.append(key_part(b""))
+    _producers = key_hash(b"".join(parts))
     if memo is not None:
-        write_atomic(memo, marshal.dumps((files, tuple(sig), _producers)))
+        safefiles.write_atomic(memo, marshal.dumps((files, tuple(sig), _producers)))
     return _producers
 
 
@@ -327,7 +186,7 @@ def key(
     and hunks, ``finder.whole_diffs``): an entry is stored only once they were found to apply."""
     from importlib.util import MAGIC_NUMBER
 
-    from . import __version__
+    from ._version import __version__
 
     # Same order as transforms.patch_text: diffs, transforms, fields, each by patch name.
     rank = {"diff": 0, "transform": 1, "field": 2}
@@ -348,13 +207,13 @@ def key(
         fp = op_fingerprint(op)
         if fp is None:
             return b""
-        material.append(_hash(fp))
-    return _hash(b"".join(_part(m) for m in material))
+        material.append(key_hash(fp))
+    return key_hash(b"".join(key_part(m) for m in material))
 
 
 def _path(root: str, key: bytes) -> str | None:
     hexkey = key.hex()
-    return folder(root, "code", hexkey[:2], hexkey[2:] + ".ipc")
+    return safefiles.folder(root, "code", hexkey[:2], hexkey[2:] + ".ipc")
 
 
 def load(
@@ -369,7 +228,7 @@ def load(
     if path is None:
         return None
     why: list[str] = []
-    data = read_owned(path, why)
+    data = safefiles.read_owned(path, why)
     if data is None:
         if why:
             _not_used(module, path, why[0])
@@ -432,7 +291,8 @@ def store(
         return False
     payload = marshal.dumps((code, tuple(sorted(unseen)), None if text == original else text))
     header = FORMAT + MAGIC_NUMBER + key + len(payload).to_bytes(8, "little")
-    if not write_atomic(path, header + zlib.crc32(payload).to_bytes(4, "little") + payload):
+    entry = header + zlib.crc32(payload).to_bytes(4, "little") + payload
+    if not safefiles.write_atomic(path, entry):
         return False
     if usage(root)["bytes"] > MAX_BYTES:
         prune(root, int(MAX_BYTES * PRUNE_TO))

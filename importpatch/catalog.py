@@ -63,7 +63,7 @@ import sys
 import time
 import zlib
 
-from . import config, sites
+from . import config, safefiles, sites
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,35 +145,6 @@ def _installed(requires: tuple[str, ...]) -> bool:
     return bool(requires) and present(requires)
 
 
-def builtin_folder() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    shipped, checkout = "_builtin_patches", os.path.join(os.path.dirname(here), "patches")
-    for candidate in (os.path.join(here, shipped), checkout):
-        if os.path.isdir(candidate):
-            return candidate
-    return None
-
-
-def _folders(toggles: config.Toggles) -> list[tuple[str, str]]:
-    out = []
-    builtin = builtin_folder()
-    if builtin:
-        out.append(("builtin", builtin))
-    # One folder named twice (itself and a link to it, or a path with "..") is scanned once:
-    # told by device and inode (one stat each; realpath costs a stat per path component).
-    seen: set[tuple[int, int]] = set()
-    for p in ([builtin] if builtin else []) + list(toggles.path):
-        try:
-            st = os.stat(p)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            if p != builtin:
-                out.append(("folder", os.path.abspath(p)))
-    return out
-
-
 def _stat(path: str) -> tuple[int, int, int, int]:
     try:
         st = os.stat(path)
@@ -199,16 +170,16 @@ class Index:
     """One index file: what discovery found for one set of folders and one search path."""
 
     def __init__(self, folders: list[tuple[str, str]], dirs: list[str]) -> None:
-        from . import bytecache
+        from . import safefiles
 
         self.folders = folders
         self.dirs = dirs
         self.user_site = sites.user_site_if_enabled()
         self.ident = repr((INDEX_FORMAT, sys.version_info[:2], folders, dirs, self.user_site))
-        root = bytecache.usable_root()
+        root = safefiles.usable_root()
         raw = self.ident.encode("utf-8", "surrogateescape")
         name = f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}.marshal"
-        self.path = bytecache.folder(root, "catalog", name) if root else None
+        self.path = safefiles.folder(root, "catalog", name) if root else None
         self.entries: list[Entry] | None = None
         self.watched: tuple[str, ...] = ()
         self.entry_points = 0
@@ -217,9 +188,9 @@ class Index:
     def read(self) -> bool:
         if self.path is None:
             return False
-        from . import bytecache
+        from . import safefiles
 
-        data = bytecache.read_owned(self.path)
+        data = safefiles.read_owned(self.path)
         if data is None:
             return False
         try:
@@ -237,9 +208,9 @@ class Index:
             return
         payload = (INDEX_FORMAT, self.ident, self.watched, sig, self.entry_points,
                    tuple(e.as_tuple() for e in self.entries))
-        from . import bytecache
+        from . import safefiles
 
-        bytecache.write_atomic(self.path, marshal.dumps(payload))
+        safefiles.write_atomic(self.path, marshal.dumps(payload))
 
 
 def load(toggles: config.Toggles) -> list[Entry]:
@@ -255,7 +226,7 @@ _unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ..
 
 
 def load_index(toggles: config.Toggles) -> Index:
-    index = Index(_folders(toggles), sites.search_path())
+    index = Index(config.patch_folders(toggles), sites.search_path())
     if index.read():
         return index
     kept = _unwritten.get(index.ident)
@@ -379,39 +350,6 @@ def describe(exc: BaseException) -> str:
 # -- scanning ------------------------------------------------------------------------------------
 
 
-def _read_regular(path: str) -> bytes:
-    """The bytes of ``path`` if it is a regular file (a symlink to one is fine). Never blocks:
-    the file is checked before it is opened, opened non-blocking, and checked again."""
-    kind = _not_regular(os.stat(path).st_mode)
-    if kind:
-        raise OSError(f"{path} is {kind}, not a regular file; not read")
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        kind = _not_regular(st.st_mode)
-        if kind:  # replaced between the two checks
-            raise OSError(f"{path} is {kind}, not a regular file; not read")
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, max(st.st_size, 1 << 16))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-
-
-def _not_regular(mode: int) -> str:
-    if stat.S_ISREG(mode):
-        return ""
-    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
 def scan(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
 ) -> tuple[list[Entry], list[str], int, dict[str, str]]:
@@ -483,8 +421,6 @@ _skipped: dict[str, str] = {}
 # Set in the child: called with ("begin" | "end", source) around each run of patch code.
 _progress: Callable[[str, str], None] | None = None
 
-ScanResult = tuple[list["Entry"], list[str], int, dict[str, str]]
-
 
 def scan_bounded(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
@@ -500,12 +436,12 @@ def scan_bounded(
     while True:
         from .scanchild import scan_in_child
 
-        outcome = scan_in_child(folders, dirs, user_site, skipped, limit)
+        outcome = scan_in_child(folders, dirs, user_site, skipped, limit, _SigintWatch())
         if outcome is None:  # no child process here: scan in this one, without a limit
             return (*scan(folders, dirs, user_site), True)
         if len(outcome) == 4:
-            entries, watched, entry_points, imported_by = outcome
-            return entries, watched, entry_points, imported_by, False
+            rows, watched, entry_points, imported_by = outcome
+            return [Entry.from_tuple(r) for r in rows], watched, entry_points, imported_by, False
         source, why = outcome
         if source is None or source in skipped:
             raise RuntimeError(f"discovery of patches {why} (not in a declaration); "
@@ -515,6 +451,40 @@ def scan_bounded(
             "recorded as broken and not run again until it changes (a declaration only "
             f"declares; {config.DISCOVERY_TIMEOUT} sets the limit)"
         )
+
+
+def scan_for_parent(from_parent: int, to_parent: int) -> None:
+    """The child process of ``scan_bounded`` (importpatch/scanchild.py starts it): scan as the
+    parent asks, telling it which declaration runs; send the result and exit."""
+    global _progress
+    from . import scanchild
+
+    folders, dirs, user_site, skipped = scanchild.child_start(from_parent, to_parent)
+    _skipped.update(skipped)
+    _progress = lambda kind, source: scanchild.child_progress(  # noqa: E731
+        to_parent, kind, source)
+    entries, watched, entry_points, imported_by = scan(
+        [tuple(f) for f in folders], list(dirs), user_site)
+    _progress = None
+    scanchild.child_done(to_parent, (tuple(e.as_tuple() for e in entries), tuple(watched),
+                                     entry_points, imported_by))
+
+
+def _module_files(module: str, dirs: list[str]) -> list[str]:
+    """The files of ``module`` and the packages above it, found on ``dirs`` without executing
+    anything (an entry point that did not finish is watched by them)."""
+    out = []
+    for base in dirs:
+        path = os.path.join(base, *module.split("."))
+        found = [c for c in (os.path.join(path, "__init__.py"), path + ".py")
+                 if os.path.isfile(c)]
+        if found:
+            out.extend(found)
+            parts = module.split(".")
+            out.extend(os.path.join(base, *parts[:i], "__init__.py") for i in range(1, len(parts))
+                       if os.path.isfile(os.path.join(base, *parts[:i], "__init__.py")))
+            break
+    return out
 
 
 class _NewModules:
@@ -626,7 +596,7 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
     from .declare import collecting, diff_text, patch_from_diff_file
 
     try:
-        raw = _read_regular(file)
+        raw = safefiles.read_regular(file)
     except OSError as exc:
         return [], exc
     if file.endswith((".diff", ".patch")):
@@ -712,7 +682,7 @@ def _diff_header(file: str) -> dict[str, list[str]]:
     from .declare import parse_header
 
     try:
-        text = _read_regular(file).decode("utf-8", "replace")
+        text = safefiles.read_regular(file).decode("utf-8", "replace")
     except OSError:
         return {}
     preamble = []
@@ -741,9 +711,7 @@ def _entry_point_entries(
         seen.add((ep.name, ep.value))
         source = f"entry point {ep.name} = {ep.value}"
         if source in _skipped:  # it did not finish in an earlier try: not imported again
-            from .scanchild import module_files
-
-            watched.extend(f for f in module_files(ep.module, dirs) if f not in watched)
+            watched.extend(f for f in _module_files(ep.module, dirs) if f not in watched)
             entries.append(Entry(
                 name=ep.name, origin="entry-point", source=source, file=None, requires=(),
                 default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
@@ -836,8 +804,11 @@ def _load_patch_class(entry: Entry) -> None:
         obj: Any = importlib.import_module(module)
         for part in qual.split("."):
             obj = getattr(obj, part)
-        from . import compat
-
+        # The class's module imported importpatch.compat (a patch class subclasses VLLMPatch):
+        # looked up, not imported, as above (the compat layer sits on top of discovery).
+        compat = sys.modules.get("importpatch.compat")
+        if compat is None:
+            raise TypeError(f"{obj!r} is not a VLLMPatch class")
         return compat.declaration_of(obj, entry.name)
 
     with collecting():
@@ -913,7 +884,7 @@ def guess_modules(file: str) -> list[str]:
     import re
 
     try:
-        text = _read_regular(file).decode("utf-8", "replace")
+        text = safefiles.read_regular(file).decode("utf-8", "replace")
     except OSError:
         return []
     mods: list[str] = []

@@ -110,7 +110,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .check import UsageError
+from .packages import UsageError
 
 WIDTH = 100
 ORDERED = ("wrap", "subclass")  # kinds that stack by (order, patch name): declare.ORDERED_KINDS
@@ -173,10 +173,10 @@ ORIGINS = {"builtin": "built-in", "folder": "folder", "entry-point": "entry poin
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from . import _boot, catalog, check, config, versions
+    from . import _boot, catalog, check, config, packages, versions
 
     toggles = config.read()
-    installed = check.InstalledSource()  # versions from metadata, else __version__ in the source
+    installed = packages.InstalledSource()  # versions from metadata, else __version__ in the source
     entries = catalog.load(toggles) + _boot.api_entries()
     declared_in: dict[str, list[str]] = {}
     for e in entries:
@@ -354,12 +354,12 @@ def chain_lines(chains: Sequence[dict[str, Any]], whose: str) -> list[str]:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from . import check, transforms
+    from . import packages, transforms
     from .declare import CODE_KINDS
     from .errors import PatchError
 
     patch = _load_named(args.name)
-    source = check.open_source(args.against)
+    source = packages.open_source(args.against)
     by_module: dict[tuple[str, str], list[Any]] = {}
     missing: list[dict[str, Any]] = []
     for op in patch.ops:
@@ -375,7 +375,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             })
     modules = []
     for (module, file), ops in by_module.items():
-        path = check.module_path(module, file)
+        path = packages.module_path(module, file)
         text = source.text(file)
         row: dict[str, Any] = {"module": module, "file": file, "path": path}
         top = module.partition(".")[0]
@@ -1141,9 +1141,9 @@ def _unknown_vars(env: dict[str, str]) -> list[str]:
 
 
 def _cache_row() -> dict[str, Any]:
-    from . import bytecache, config
+    from . import bytecache, config, safefiles
 
-    root, problem = bytecache.root_problem()
+    root, problem = safefiles.root_problem()
     if problem is None and config.flag(os.environ, config.NO_CACHE):
         problem = f"{config.NO_CACHE} is set"
     size = bytecache.usage(root) if root and os.path.isdir(root) else {"files": 0, "bytes": 0}
@@ -1154,9 +1154,9 @@ def _cache_row() -> dict[str, Any]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from . import bytecache
+    from . import bytecache, safefiles
 
-    root, problem = bytecache.root_problem()
+    root, problem = safefiles.root_problem()
     if root is None:
         raise UsageError(problem or "no cache folder", "set IMPORTPATCH_CACHE_DIR")
     if args.releases and args.action != "clear":

@@ -390,12 +390,10 @@ def _enable(cls: type, name: str) -> None:
     """``importpatch.enable(name)``; where importpatch refused the patch in place (nothing of it
     applied: an Enum member, a wrap it would drop, ...) raise ValueError, as the post's apply()
     fails (its PatchManager logs "Failed to apply NAME: ...")."""
-    import importpatch
-
-    from . import events
+    from . import _boot, events
 
     start = len(events.events())
-    importpatch.enable(name)
+    _boot.enable(name)
     failed = [e for e in events.events()[start:]
               if e["outcome"] == "failed" and e["patch"] == name]
     if failed:

@@ -176,6 +176,43 @@ class Toggles:
         return bool(self.enable or self.enable_all or self.path or self.custom)
 
 
+# -- The patch folders of the toggles ------------------------------------------------------------
+
+
+def builtin_folder() -> str | None:
+    """The built-in patches: shipped in the package, or ``patches/`` beside it in a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    shipped, checkout = "_builtin_patches", os.path.join(os.path.dirname(here), "patches")
+    for candidate in (os.path.join(here, shipped), checkout):
+        if os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def patch_folders(toggles: Toggles) -> list[tuple[str, str]]:
+    """(kind, folder) of every patch folder of these toggles: the built-in one first, then each
+    folder of ``IMPORTPATCH_PATH`` that exists, once."""
+    import stat  # loaded by site already: free here
+
+    out = []
+    builtin = builtin_folder()
+    if builtin:
+        out.append(("builtin", builtin))
+    # One folder named twice (itself and a link to it, or a path with "..") is scanned once:
+    # told by device and inode (one stat each; realpath costs a stat per path component).
+    seen: set[tuple[int, int]] = set()
+    for p in ([builtin] if builtin else []) + list(toggles.path):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            if p != builtin:
+                out.append(("folder", os.path.abspath(p)))
+    return out
+
+
 def _names(raw: str, var: str, problems: list[str]) -> set[str]:
     names: set[str] = set()
     for part in raw.replace(",", " ").split():

@@ -911,7 +911,7 @@ def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> st
         for h in patch.hunks
     ):
         # git diff shows a file's UTF-8 BOM as part of its first line, and Python's decoding
-        # (finder.decode_source) drops it from the text: put it back to place the hunks, and
+        # (safefiles.decode_source) drops it from the text: put it back to place the hunks, and
         # take it off the result again.
         return _apply(BOM + source, patch, max_offset=max_offset).removeprefix(BOM)
     return _apply(source, patch, max_offset=max_offset)

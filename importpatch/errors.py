@@ -1,8 +1,18 @@
-"""The one error a failed patch raises at the import of its target."""
+"""The one error a failed patch raises at the import of its target (``PatchError``), and the
+error of a command-line request that cannot be carried out as asked (``UsageError``)."""
 
 from __future__ import annotations
 
 import sys
+
+
+class UsageError(Exception):
+    """A request that cannot be carried out as asked (bad path, unknown patch name); the
+    commands print it with its hint and exit 2. Imported by them from importpatch.packages."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 class PatchError(ImportError):

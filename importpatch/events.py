@@ -36,7 +36,7 @@ def record(
 ) -> dict[str, Any]:
     """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
     in-place, source-diff, transform, rebind, ... ``chain``: a replace's or wrap's place among
-    the operations of its target (``landing.link``), kept as the event's ``chain`` key."""
+    the operations of its target (``activation.link``), kept as the event's ``chain`` key."""
     event = _event(outcome, patch, target, how, detail)
     if chain is not None:
         event["chain"] = chain

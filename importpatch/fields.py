@@ -23,7 +23,7 @@ Invariants:
 - The default is written as a literal when it is one (``None``, numbers, strings, bytes, and
   lists, tuples, dicts and sets of them: ``repr`` parses back to an equal value), so the patched
   text reads as the edit a person would make. Any other object stays in the patch and the line
-  reads ``__import__('importpatch.landing').landing.value('MODULE', 'Class.name')``: the code
+  reads ``__import__('importpatch.activation').activation.value('MODULE', 'Class.name')``: the code
   names the field, never the object, so the compiled module stays cacheable (``fingerprint``: the
   bytecode cache keys on the inserted text).
 - A field is a code change like a diff: ``importpatch diff`` shows it, ``check`` tries it, and an
@@ -78,7 +78,9 @@ def value_text(op: Op, module: str) -> str | None:
     text = literal(op.obj)
     if text is not None:
         return text
-    return f"__import__('importpatch.landing').landing.value({module!r}, {op.qualname!r})"
+    from .activation import HOOKS
+
+    return f"{HOOKS}.value({module!r}, {op.qualname!r})"
 
 
 def fingerprint(op: Op) -> bytes:
@@ -112,12 +114,13 @@ def describe(op: Op, module: str) -> str:
 
 def apply(text: str, op: Op, module: str) -> str:
     """``text`` with ``op``'s field written into every class statement of its owner."""
+    from . import bindings
     from .diffs import _split_keepends
 
     assert op.qualname is not None
     owner, _, name = op.qualname.rpartition(".")
     tree = ast.parse(text)
-    classes = class_nodes(tree, owner)
+    classes = bindings.class_nodes(tree, owner)
     if not classes:
         raise FieldError(f"class {owner} not found (no class statement binds it)")
     lines = _split_keepends(text)
@@ -139,19 +142,6 @@ def apply(text: str, op: Op, module: str) -> str:
                                  "use existing=True to change its default")
             lines = _insert(lines, cls, name, op.annotation, value, newline)
     return "".join(lines)
-
-
-def class_nodes(tree: ast.Module, qualname: str) -> list[ast.ClassDef]:
-    """Every live class statement binding ``qualname`` (``Outer.Inner`` paths)."""
-    from . import bindings
-
-    scopes: list[list[ast.stmt]] = [tree.body]
-    found: list[ast.ClassDef] = []
-    for part in qualname.split("."):
-        found = [b.node for body in scopes for b in bindings.scope_bindings(body, part)
-                 if isinstance(b.node, ast.ClassDef)]
-        scopes = [c.body for c in found]
-    return found
 
 
 def _members(body: list[ast.stmt], name: str) -> list[ast.stmt]:
@@ -265,64 +255,3 @@ def _change(lines: list[str], stmt: ast.stmt, where: str, annotation: str | None
     kind = type(stmt).__name__
     raise FieldError(f"{where} is bound by a {kind} statement at line {stmt.lineno}, not a plain "
                      "'name = value' or 'name: type = value' (use replace)")
-
-
-# -- Which classes collect their fields when built (for check) ------------------------------------
-
-# Bases and decorators that collect fields from the class body, by their last dotted part.
-FIELD_BASES = {
-    "Struct": "a msgspec.Struct", "NamedTuple": "a NamedTuple", "TypedDict": "a TypedDict",
-    "Enum": "an Enum", "IntEnum": "an Enum", "StrEnum": "an Enum", "Flag": "an Enum",
-    "IntFlag": "an Enum", "ReprEnum": "an Enum", "BaseModel": "a pydantic model",
-    "RootModel": "a pydantic model", "BaseSettings": "a pydantic settings class",
-    "SQLModel": "a SQLModel",
-}
-FIELD_DECORATORS = {
-    "dataclass": "a dataclass", "s": "an attrs class", "attrs": "an attrs class",
-    "define": "an attrs class", "frozen": "an attrs class", "mutable": "an attrs class",
-    "dataclass_transform": "a dataclass",
-}
-
-
-def _last_name(expr: ast.expr) -> str:
-    if isinstance(expr, ast.Call):
-        expr = expr.func
-    if isinstance(expr, ast.Subscript):  # Generic[T]-style bases
-        expr = expr.value
-    if isinstance(expr, ast.Attribute):
-        return expr.attr
-    return expr.id if isinstance(expr, ast.Name) else ""
-
-
-def enum_class(tree: ast.Module, cls: ast.ClassDef) -> str:
-    """Why the source shows ``cls`` is an Enum ('' if it does not): an Enum base (by its last
-    dotted part), ``metaclass=EnumMeta``/``EnumType``, or a class of the same module that is."""
-    return collects_fields(tree, cls, enum_only=True)
-
-
-def collects_fields(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] = frozenset(),
-                    *, enum_only: bool = False) -> str:
-    """Why class ``cls`` builds fields from its body ('' if nothing says so): a base such as
-    ``msgspec.Struct``, ``NamedTuple``, ``TypedDict``, ``Enum``, ``BaseModel`` (or a class of the
-    same module that has one), a ``metaclass=`` keyword, or a decorator such as ``dataclass``
-    or attrs' ``define``. ``enum_only``: only what makes it an Enum."""
-    for deco in [] if enum_only else cls.decorator_list:
-        kind = FIELD_DECORATORS.get(_last_name(deco))
-        if kind:
-            return f"class {cls.name} is {kind} (decorator at line {deco.lineno})"
-    for kw in cls.keywords:
-        if kw.arg == "metaclass" and not enum_only:
-            return f"class {cls.name} has a metaclass (line {cls.lineno})"
-        if kw.arg == "metaclass" and _last_name(kw.value) in ("EnumMeta", "EnumType"):
-            return f"class {cls.name} has metaclass {ast.unparse(kw.value)} (line {cls.lineno})"
-    for base in cls.bases:
-        name = _last_name(base)
-        kind = FIELD_BASES.get(name)
-        if kind and (kind == "an Enum" or not enum_only):
-            return f"class {cls.name} is {kind} (base {ast.unparse(base)}, line {cls.lineno})"
-        if name and name not in _seen and isinstance(base, ast.Name):
-            for parent in class_nodes(tree, name):
-                why = collects_fields(tree, parent, _seen | {cls.name}, enum_only=enum_only)
-                if why:
-                    return f"class {cls.name} derives from {name}: {why}"
-    return ""

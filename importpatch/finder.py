@@ -15,7 +15,7 @@ Invariants:
   written there would poison later unpatched runs). Its own bytecode cache lives elsewhere.
 - Any failure of an enabled patch raises ``PatchError`` out of ``exec_module``; importlib then
   removes the module from ``sys.modules``, so no half-patched module remains.
-- ``exec_module`` runs what ``get_code`` returns, and that code calls ``landing.begin``/``done``
+- ``exec_module`` runs what ``get_code`` returns, and that code calls ``activation.begin``/``done``
   itself: a hook that wraps our ``get_code`` sees the patched code, ``python -m`` (runpy executes
   ``get_code()``) gets the same checks and events, and code that ran without them fails closed.
 - Other hooks on ``sys.meta_path`` compose: when one looks the module up again through
@@ -28,99 +28,17 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
     from importlib.machinery import ModuleSpec
     from types import CodeType, ModuleType
     from typing import Any
 
+    from .activation import ModulePlan
     from .catalog import Entry
     from .declare import Op, Patch
-    from .landing import ModulePlan
-
-
-def module_exists(name: str) -> bool:
-    """Whether module ``name`` exists, without importing it: imported, or a file or package
-    folder under an already-imported ancestor package."""
-    if name in sys.modules:
-        return True
-    parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        parent = sys.modules.get(".".join(parts[:i]))
-        if parent is None:
-            continue
-        rest = parts[i:]
-        for base in getattr(parent, "__path__", ()) or ():
-            stem = os.path.join(base, *rest)
-            if os.path.isfile(stem + ".py") or os.path.isfile(os.path.join(stem, "__init__.py")):
-                return True
-        return False
-    from importlib.machinery import PathFinder
-
-    return PathFinder.find_spec(name) is not None if len(parts) == 1 else False
-
-
-def applicable_ops(patches: list[Any], fullname: str) -> list[Op]:
-    """Operations of ``patches`` that target ``fullname``: it is one of the op's candidate
-    module paths, and no earlier candidate exists (the first that exists wins)."""
-    ops = []
-    for patch in patches:
-        for op in patch.ops:
-            if fullname in op.modules:
-                idx = op.modules.index(fullname)
-                if not any(module_exists(m) for m in op.modules[:idx]):
-                    ops.append(op)
-    return ops
-
-
-class Declared:
-    """A patch entry's declaration, loaded, with its version requirement judged."""
-
-    __slots__ = ("entry", "patch", "error", "ok", "why")
-
-    def __init__(self, entry: Entry, patch: Patch | None, error: str, ok: bool, why: str) -> None:
-        self.entry, self.patch, self.error, self.ok, self.why = entry, patch, error, ok, why
-
-
-def declared(entry: Entry, version_of: Callable[[str], str | None] | None = None,
-             where: str | None = None) -> Declared:
-    """Load ``entry``'s declaration (executing its file the first time) and judge its version
-    requirement, with ``version_of`` (default: what is installed; ``where`` names what it reads
-    otherwise). The one implementation the loader, late activation and ``importpatch check``
-    share; it records nothing."""
-    from .catalog import load_patch
-    from .versions import check, distribution_version
-
-    try:
-        patch = load_patch(entry)
-    except Exception as exc:
-        return Declared(entry, None, f"{type(exc).__name__}: {exc}", False, "")
-    ok, why = check(patch.requires, version_of or distribution_version, where)
-    return Declared(entry, patch, "", ok, why)
-
-
-def load_patches(entries: list[Entry], module: str) -> tuple[list[Patch], list[Declared]]:
-    """Patches of ``entries`` whose requirement holds (a skip is recorded as an event), once each
-    (two entries may name one Patch object), and the declarations that failed to load."""
-    from . import events
-
-    patches: list[Patch] = []
-    broken: list[Declared] = []
-    for entry in entries:
-        d = declared(entry)
-        if d.patch is None:
-            broken.append(d)
-        elif any(p is d.patch for p in patches):
-            continue
-        elif not d.ok:
-            events.record("skipped", d.patch.name, module, "version", d.why)
-        else:
-            patches.append(d.patch)
-    return patches, broken
 
 
 class PatchFinder:
@@ -279,6 +197,8 @@ class PatchLoader:
                 "the module's code ran without importpatch's landings (another import hook "
                 "replaced the code it executed)", file=self.origin,
             ))
+        from .selection import mark_handled
+
         own = [e for e in self.entries if in_place_only(e)]
         mark_handled(module, (e.name for e in self.entries if e not in own))
         if own:
@@ -290,7 +210,7 @@ class PatchLoader:
 
     def get_code(self, fullname: str) -> CodeType:
         # runpy (python -m) executes get_code()'s result in __main__ itself: the code calls
-        # landing.begin/done, so it gets the same checks, failures and events as an import.
+        # activation.begin/done, so it gets the same checks, failures and events as an import.
         return self._build().code
 
     def get_source(self, fullname: str) -> str:
@@ -319,6 +239,7 @@ class PatchLoader:
     def _ops(self) -> list[Op]:
         from .catalog import in_place_only
         from .errors import PatchError
+        from .selection import applicable_ops, load_patches
 
         # (Those that land in place after the module ran are not built in: see exec_module.)
         entries = [e for e in self.entries if not in_place_only(e)]
@@ -332,8 +253,8 @@ class PatchLoader:
         return applicable_ops(patches, self.fullname)
 
     def _build_uncached(self) -> Build:
+        from .activation import record_skip
         from .errors import PatchError
-        from .landing import record_skip
 
         origin = self.origin
         if origin is None or not hasattr(self.loader, "get_data") or not origin.endswith(".py"):
@@ -355,26 +276,26 @@ class PatchLoader:
                 ops = [op for op in ops if op.patch.name != exc.patch]
 
     def _build_with(self, origin: str, ops: list[Op]) -> Build:
-        from . import bytecache, landing, publish
+        from . import activation, bytecache, publish, safefiles
         from .declare import CODE_KINDS, FIELD
         from .errors import PatchError
 
         raw = self.loader.get_data(origin)
-        text = decode_source(raw)
+        text = safefiles.decode_source(raw)
         code_ops = [op for op in ops if op.kind in CODE_KINDS]
         object_ops = [op for op in ops if op.kind not in CODE_KINDS]
-        qualnames = sorted({landing.site_of(op)[0] for op in object_ops} - {""})
-        fact_quals = landing.fact_quals(object_ops)
-        plan = landing.ModulePlan(self.fullname, object_ops, origin)
+        qualnames = sorted({activation.site_of(op)[0] for op in object_ops} - {""})
+        fact_quals = activation.fact_quals(object_ops)
+        plan = activation.ModulePlan(self.fullname, object_ops, origin)
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
-        cache_root = bytecache.usable_root(report=True)
+        cache_root = safefiles.usable_root(report=True)
         use_cache = cache_root is not None and bytecache.enabled()
         whole = whole_diffs(code_ops, self.fullname)
         siblings = b"".join(w.material for w in whole)
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals,
                             siblings)
         cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
-        facts = landing.Fact.unpack(cached[1]) if cached is not None else None
+        facts = activation.Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
             code, _, patched = cached
             filename = publish.publish(origin, patched, cache_root) if patched != text else origin
@@ -404,12 +325,12 @@ class PatchLoader:
                     f"patched source does not compile: {exc.msg} (line {exc.lineno})", file=origin,
                 ) from None
             if use_cache:
-                bytecache.store(cache_root, key, code, landing.Fact.pack(facts), patched, text)
+                bytecache.store(cache_root, key, code, activation.Fact.pack(facts), patched, text)
         plan.unseen = {q for q, fact in facts.items() if not fact.seen}
         plan.prepare(facts)  # may fail the import before anything ran
         build = Build(code, plan, patched, code_ops)
         plan.after_exec = lambda namespace: self._after_exec(build, namespace)
-        landing.register(plan)
+        activation.register(plan)
         return build
 
     def _after_exec(self, build: Build, namespace: dict[str, Any]) -> None:
@@ -461,7 +382,7 @@ class WholeDiff:
 
     def __init__(self, patch: Patch, others: list[tuple[Op, str | None, str | None, bytes]]
                  ) -> None:
-        from .bytecache import _hash, _part
+        from .bytecache import key_hash, key_part
 
         self.patch = patch
         self.others = others  # (op, module, file, raw): module None when none of its exists
@@ -469,9 +390,9 @@ class WholeDiff:
         for op, module, file, raw in others:
             assert op.file_patch is not None
             where = f"{module}\0{file}" if module else "\0".join(op.modules) + "\0<missing>"
-            parts += [_part(repr(op.file_patch.hunks).encode()),
-                      _part(where.encode("utf-8", "surrogateescape")), _part(raw)]
-        self.material = _hash(b"".join(parts))  # 16 bytes: kept per process as the verdict's key
+            parts += [key_part(repr(op.file_patch.hunks).encode()),
+                      key_part(where.encode("utf-8", "surrogateescape")), key_part(raw)]
+        self.material = key_hash(b"".join(parts))  # 16 bytes: kept per process as the verdict's key
 
     def require(self, fullname: str, origin: str) -> None:
         """Raise PatchError when another file of the diff does not apply (verdict cached)."""
@@ -486,6 +407,7 @@ class WholeDiff:
     def _verdict(self) -> str:
         from . import diffs
         from .errors import installed_version
+        from .safefiles import decode_source
 
         for op, module, file, raw in self.others:
             assert op.file_patch is not None
@@ -565,12 +487,9 @@ def source_file(name: str) -> str | None:
             origin = spec.origin
             return origin if isinstance(origin, str) and origin.endswith(".py") else None
         bases, rest = list(spec.submodule_search_locations or ()), parts[1:]
-    for base in bases:
-        stem = os.path.join(base, *rest)
-        for file in (stem + ".py", os.path.join(stem, "__init__.py")):
-            if os.path.isfile(file):
-                return file
-    return None
+    from .selection import file_under
+
+    return file_under(bases, rest)
 
 
 def _innermost(loader: Any) -> Any:
@@ -593,31 +512,6 @@ def _module_of(namespace: dict[str, Any], name: str) -> ModuleType:
     view = types.ModuleType(name)
     vars(view).update(namespace)
     return view
-
-
-def decode_source(raw: bytes) -> str:
-    """Source bytes to text with the declared encoding, keeping line endings as they are (a CRLF
-    file stays CRLF, so diffs made on it still match and the published text is faithful)."""
-    import io
-    import tokenize
-
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-    text = raw.decode(encoding)
-    return text[1:] if text.startswith("\ufeff") else text
-
-
-# Patches already handled (applied, skipped or failed) per module object: a later enable() must
-# not apply them again in place (a second wrap would stack on the first).
-_handled: dict[str, tuple[ModuleType, set[str]]] = {}
-
-
-def handled(module: ModuleType) -> set[str]:
-    entry = _handled.get(module.__name__)
-    return entry[1] if entry is not None and entry[0] is module else set()
-
-
-def mark_handled(module: ModuleType, patches: Iterable[str]) -> None:
-    _handled[module.__name__] = (module, handled(module) | set(patches))
 
 
 def installed() -> PatchFinder | None:

@@ -166,9 +166,9 @@ class HelperFinder:
 def _from_config(pkg: str) -> str | None:
     """A folder package asked for before any of its files ran here (unpickling): the folders of
     this process's toggles."""
-    from . import catalog, config
+    from . import config
 
-    for _, folder in catalog._folders(config.read()):
+    for _, folder in config.patch_folders(config.read()):
         if package_name(folder) == pkg:
             package(folder)
             return folder
@@ -188,13 +188,13 @@ class _HelperLoader:
         exec(self.get_code(self.name), module.__dict__)
 
     def get_code(self, fullname: str) -> CodeType:
-        from .catalog import _read_regular
+        from .safefiles import read_regular
 
-        code: CodeType = compile(_read_regular(self.path), self.path, "exec", dont_inherit=True)
+        code: CodeType = compile(read_regular(self.path), self.path, "exec", dont_inherit=True)
         return code
 
     def get_source(self, fullname: str) -> str:
-        from .finder import decode_source
+        from .safefiles import decode_source
 
         with open(self.path, "rb") as f:
             return decode_source(f.read())

@@ -33,7 +33,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from . import authoring, check, diffs, rebase
+from . import authoring, diffs, packages, rebase
 
 NOT_CARRIED = "not carried"
 NOTHING = "nothing"  # a commit changing no Python file of the package
@@ -46,15 +46,15 @@ NONE = "none"  # --to none: write the patches as made, carry nothing
 class Git:
     def __init__(self, repo: str) -> None:
         if shutil.which("git") is None:
-            raise check.UsageError("git is not installed (from-git reads the history with it)",
-                                   "install git, e.g. apt-get install git")
+            raise packages.UsageError("git is not installed (from-git reads the history with it)",
+                                      "install git, e.g. apt-get install git")
         self.repo = repo
         if not os.path.isdir(repo):
-            raise check.UsageError(f"{repo} is not a folder", "give the path of a git checkout")
+            raise packages.UsageError(f"{repo} is not a folder", "give the path of a git checkout")
         done = self.run("rev-parse", "--is-bare-repository", check=False)
         if done.returncode != 0:
-            raise check.UsageError(f"{repo} is not a git repository",
-                                   "give the path of a git checkout (git clone ...)")
+            raise packages.UsageError(f"{repo} is not a git repository",
+                                      "give the path of a git checkout (git clone ...)")
         self.bare = done.stdout.strip() == b"true"
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -190,37 +190,38 @@ def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
     start: str | None = None
     for rev in revs:
         if "..." in rev:
-            raise check.UsageError(f"{rev}: a symmetric range (...) has no order",
-                                   "use A..B: the commits of B not in A, oldest first")
+            raise packages.UsageError(f"{rev}: a symmetric range (...) has no order",
+                                      "use A..B: the commits of B not in A, oldest first")
         if ".." in rev:
             a, _, b = rev.partition("..")
             a_sha, b_sha = git.commit(a or "HEAD"), git.commit(b or "HEAD")
             for name, sha in ((a or "HEAD", a_sha), (b or "HEAD", b_sha)):
                 if sha is None:
-                    raise check.UsageError(f"unknown revision {name!r} in {git.repo}",
-                                           "a tag, branch or commit of that repository")
+                    raise packages.UsageError(f"unknown revision {name!r} in {git.repo}",
+                                              "a tag, branch or commit of that repository")
             assert a_sha is not None and b_sha is not None
             listed = git.out("rev-list", "--reverse", "--topo-order", "--parents",
                              f"{a_sha}..{b_sha}").split("\n")
             rows = [line.split() for line in listed if line.strip()]
             if not rows:
-                raise check.UsageError(f"the range {rev} has no commits",
-                                       f"{b or 'HEAD'} adds nothing to {a or 'HEAD'}")
+                raise packages.UsageError(f"the range {rev} has no commits",
+                                          f"{b or 'HEAD'} adds nothing to {a or 'HEAD'}")
             start = start or a_sha
             for row in rows:
                 (merges if len(row) > 2 else commits).append(row[0])
         else:
             sha = git.commit(rev)
             if sha is None:
-                raise check.UsageError(f"unknown revision {rev!r} in {git.repo}",
-                                       "a tag, branch or commit of that repository")
+                raise packages.UsageError(f"unknown revision {rev!r} in {git.repo}",
+                                          "a tag, branch or commit of that repository")
             commits.append(sha)
     if not commits:
-        raise check.UsageError(f"{' '.join(revs)}: only merge commits", "name the commits")
+        raise packages.UsageError(f"{' '.join(revs)}: only merge commits", "name the commits")
     parent = git.commit(f"{commits[0]}^")
     if parent is None:
-        raise check.UsageError(f"commit {commits[0][:12]} has no parent: nothing to diff against",
-                               "a patch changes files of an earlier commit")
+        raise packages.UsageError(
+            f"commit {commits[0][:12]} has no parent: nothing to diff against",
+            "a patch changes files of an earlier commit")
     return commits, merges, start or parent
 
 
@@ -245,7 +246,7 @@ def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) 
 
 
 def guess_package(
-    git: Git, commits: list[Commit], target: check.Source | None, revs: Sequence[str]
+    git: Git, commits: list[Commit], target: packages.Source | None, revs: Sequence[str]
 ) -> str:
     """The one top-level package (with ``__init__.py``, found in the target) the commits'
     Python files change."""
@@ -265,16 +266,16 @@ def guess_package(
         return found[0]
     if not any(p.endswith(".py") for p in changed):
         shown = ", ".join(sorted(changed)[:6]) + (" ..." if len(changed) > 6 else "")
-        raise check.UsageError(
+        raise packages.UsageError(
             f"no Python file changes in {' '.join(revs)} ({len(commits)} commits; changed: "
             f"{shown or 'nothing'})", "carry commits that change the package's modules")
     if not found:
-        raise check.UsageError(
+        raise packages.UsageError(
             f"no Python file of a package{' of ' + target.label if target else ''} changes in "
             f"these commits (changed folders: {', '.join(sorted(tops)) or 'none'})",
             "name the package with --package (the import name, e.g. vllm)")
-    raise check.UsageError(f"the commits change several packages: {', '.join(found)}",
-                           "name one with --package")
+    raise packages.UsageError(f"the commits change several packages: {', '.join(found)}",
+                              "name one with --package")
 
 
 def base_release(git: Git, start: str, dist: str) -> tuple[str | None, str | None]:
@@ -324,8 +325,8 @@ def _text(git: Git, commit: str, path: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise check.UsageError(f"{path} at {commit[:12]} is not UTF-8 ({exc})",
-                               "a diff patch is UTF-8 text") from None
+        raise packages.UsageError(f"{path} at {commit[:12]} is not UTF-8 ({exc})",
+                                  "a diff patch is UTF-8 text") from None
 
 
 def from_git(
@@ -342,13 +343,13 @@ def from_git(
     force: bool = False,
 ) -> Report:
     if not revs:
-        raise check.UsageError("name a range or commits", "e.g. v0.31.0..my-branch")
+        raise packages.UsageError("name a range or commits", "e.g. v0.31.0..my-branch")
     git = Git(repo)
     dirty = git.dirty()
     if dirty:
         shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-        raise check.UsageError(f"{repo} has uncommitted changes ({shown})",
-                               "commit or stash them: from-git reads commits, not the work tree")
+        raise packages.UsageError(f"{repo} has uncommitted changes ({shown})",
+                                  "commit or stash them: from-git reads commits, not the work tree")
     prefix = name or os.path.basename(os.path.abspath(repo)).lower()
     prefix = re.sub(r"[^a-z0-9_.-]+", "-", prefix).strip("-.") or "fork"
     authoring.check_name(prefix)
@@ -366,18 +367,18 @@ def from_git(
         units = [Commit(sha, git.commit(f"{sha}^") or "", subject(sha)) for sha in commit_shas]
         for c in units:
             if not c.parent:
-                raise check.UsageError(f"commit {c.sha[:12]} has no parent",
-                                       "a patch changes files of an earlier commit")
+                raise packages.UsageError(f"commit {c.sha[:12]} has no parent",
+                                          "a patch changes files of an earlier commit")
     probe = [Commit(sha, git.commit(f"{sha}^") or start, "") for sha in commit_shas]
     top = package or guess_package(git, probe, target, revs)
     if package is not None and not package.isidentifier():
-        raise check.UsageError(f"--package {package!r} is not an import name", "e.g. vllm")
+        raise packages.UsageError(f"--package {package!r} is not an import name", "e.g. vllm")
     for c in units:
         classify(git, c, c.parent, c.sha, top)
     if not any(c.carried for c in units):
         others = sorted({p for c in units for p in c.not_carried})
         shown = ", ".join(others[:6]) + (" ..." if len(others) > 6 else "")
-        raise check.UsageError(
+        raise packages.UsageError(
             f"no Python file under {top}/ changes in {' '.join(revs)} "
             f"({len(commit_shas)} commits; changed: {shown or 'nothing'})",
             "carry commits that change the package's modules (--package names another)")
@@ -453,8 +454,8 @@ def from_git(
 
 def _out_path(name: str, out: str | None, several: bool, force: bool) -> str:
     if several and out and not os.path.isdir(out):
-        raise check.UsageError(f"--out {out}: several patches go to a folder, and it is none",
-                               "make the folder first, or pass --squash for one file")
+        raise packages.UsageError(f"--out {out}: several patches go to a folder, and it is none",
+                                  "make the folder first, or pass --squash for one file")
     if force:
         from . import config
 
@@ -476,7 +477,7 @@ def _write(report: Report, out: str | None, work: str | None, force: bool,
         if p.status == rebase.CONFLICT and p.work:
             old = authoring.Session.load(p.work)
             if old is not None and old.unsaved() and not force:
-                raise check.UsageError(
+                raise packages.UsageError(
                     f"work folder {p.work} holds unsaved edits ({', '.join(old.unsaved())})",
                     f"'importpatch save {p.name}' them first, or pass --force to replace them")
     for p in writing:

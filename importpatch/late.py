@@ -6,12 +6,12 @@ Ray executor sets worker variables by RPC after the worker started).
 
 What is done, exactly:
 - replace / wrap / add / subclass are applied in place, in the target module, all of a patch or
-  none of it (``landing.ModulePlan.apply_in_place``). A replacement or wrap of a decorated target
-  (``decorated=False``, the default) gets the original decorators again where they can be rebuilt
-  without side effects (``property`` and its setter chain, ``staticmethod``, ``classmethod``,
-  ``functools.cached_property``, ``lru_cache``/``cache``), so the result is what import would have
-  made; any other decorator (a registry, ``@triton.jit``) refuses the patch late, with a message
-  to activate it at interpreter start.
+  none of it (``apply_in_place``, with the import's ``activation.ModulePlan``). A replacement or
+  wrap of a decorated target (``decorated=False``, the default) gets the original decorators
+  again where they can be rebuilt without side effects (``property`` and its setter chain,
+  ``staticmethod``, ``classmethod``, ``functools.cached_property``, ``lru_cache``/``cache``), so
+  the result is what import would have made; any other decorator (a registry, ``@triton.jit``)
+  refuses the patch late, with a message to activate it at interpreter start.
 - Copies are re-bound: a global (or class attribute) of a loaded module is re-bound when its
   module's *source* binds it from the target — ``from m import f``, ``from m import f as g``,
   ``from m import *`` (and re-exports of it), ``g = m.f``, ``g = f`` of such a copy, a class body's
@@ -25,7 +25,7 @@ What is done, exactly:
   registry, ``getattr``) keep the original: only patching at import reaches them.
 - What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
   the chain ends up as one activation would have made it, else it is refused whole
-  (``landing.landed_on``).
+  (``activation.landed_on``).
 - Source diffs and AST transforms cannot change code that already ran: they are refused with a
   clear message.
 - A patch whose declaration fails to load is reported and not marked handled, so the next
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from .activation import ModulePlan
     from .catalog import Entry
     from .declare import Op
     from .finder import PatchFinder
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 def apply_to_imported(finder: PatchFinder) -> int:
     """Patch the enabled patches' targets that are already imported; returns how many modules."""
     from .catalog import retry_declaration
-    from .finder import applicable_ops, handled, load_patches, mark_handled
+    from .selection import applicable_ops, handled, load_patches, mark_handled
 
     done = 0
     for name, entries in finder.by_module.items():
@@ -100,7 +101,7 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op]) -> bool:
     """Apply ``ops`` (on module ``name``, already executed) in place, all of a patch or none,
     re-binding copies; code ops are refused. Whether anything was applied (failures are events).
     """
-    from . import landing
+    from .activation import ModulePlan, register
     from .errors import PatchError
 
     for op in [o for o in ops if o.kind in CODE_KINDS]:
@@ -115,13 +116,13 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op]) -> bool:
         return False
     namespace = module.__dict__
     try:
-        plan = landing.ModulePlan(name, object_ops, getattr(module, "__file__", None))
+        plan = ModulePlan(name, object_ops, getattr(module, "__file__", None))
     except PatchError as exc:
         events.record("failed", exc.patch, name, "in-place", exc.what)
         return False
     before = {q: _raw(namespace, q) for q in plan.sites}
-    plan.apply_in_place(namespace, source_tree(module))
-    landing.register(plan)
+    apply_in_place(plan, namespace, source_tree(module))
+    register(plan)
     for qual, original in before.items():
         new = plan.final.get(qual)
         if original is None or new is None or new is original:
@@ -173,7 +174,7 @@ def source_text(module: ModuleType) -> str | None:
         file = getattr(module, "__file__", None)
         if isinstance(file, str) and file.endswith(".py"):
             try:
-                from .finder import decode_source
+                from .safefiles import decode_source
 
                 with open(file, "rb") as f:
                     text = decode_source(f.read())
@@ -368,7 +369,7 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
     patches' chains on its target, a decorator that cannot be rebuilt) fails the import closed
     (PatchError; ``On-Error: warn``: the event only), as at the definition site."""
     from .errors import PatchError
-    from .finder import applicable_ops, load_patches, mark_handled
+    from .selection import applicable_ops, load_patches, mark_handled
 
     file = getattr(module, "__file__", None)
     patches, broken = load_patches(entries, name)
@@ -412,3 +413,248 @@ def warn_own_import(entries: list[Entry], module: str) -> None:
             f"('pkg.mod:Name.attr': {string_form(e, module)}) and drop the module-level import, "
             "so that they land at the definition site",
         )
+
+
+# -- Applying a plan in place (landing at import, redone on a module that already ran) -----------
+
+
+def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module | None
+                   ) -> None:
+    """Patch an already-executed module: the same objects as at import where the source shows
+    how (decorators re-applied: see ``redecorate_plan``), all of a patch or none of it."""
+    import enum
+
+    from .activation import (
+        adopt,
+        beneath_subclasses,
+        chain_links,
+        landed_on,
+        op_order,
+        record_landed,
+        resolve,
+        set_attr,
+    )
+    from .declare import ADD, SET
+    from .errors import PatchError
+
+    by_patch: dict[str, list[tuple[Op, Any, Any]]] = {}
+    problems: dict[str, str] = {}
+    earlier = landed_on(plan.module, namespace)
+    for op in plan.ops:
+        assert op.qualname is not None
+        owner_qual, _, attr = op.qualname.rpartition(".")
+        try:
+            refusal = _after_earlier(op, earlier)
+            if refusal:
+                raise LateRefusal(refusal)
+            owner = (beneath_subclasses(resolve(namespace, owner_qual, plan)[1]) if owner_qual
+                     else namespace)
+            store = owner if isinstance(owner, dict) else getattr(owner, "__dict__", {})
+            if isinstance(owner, enum.EnumMeta) and attr in owner.__members__:
+                raise LateRefusal(  # the class refuses setattr of a member
+                    f"{op.qualname} is an Enum member: a built Enum class refuses to "
+                    "reassign it; use patch.field(target, default=VALUE, existing=True), "
+                    "which applies at import: activate at interpreter start")
+            if op.kind in (ADD, SET):  # set: setattr, whatever is there
+                if op.kind == ADD and attr in store and store[attr] is not op.obj:
+                    raise PatchError(op.patch.name, plan.module,
+                                     f"add {op.qualname}: already exists", file=plan.file)
+                by_patch.setdefault(op.patch.name, []).append((op, owner, None))
+                continue
+            current = resolve(namespace, op.qualname, plan)[1]
+            layers = None
+            if not op.decorated:
+                layers = redecorate_plan(tree, op.qualname, current, plan.module)
+            by_patch.setdefault(op.patch.name, []).append((op, owner, layers))
+        except PatchError as err:
+            problems.setdefault(op.patch.name, err.what)
+        except LateRefusal as exc:
+            problems.setdefault(op.patch.name, str(exc))
+    for name, what in problems.items():
+        events.record("failed", name, plan.module, "in-place", what)
+    applied = {n: v for n, v in by_patch.items() if n not in problems}
+    ops_ok = [op for op in plan.ops if op.patch.name in applied]
+    for qual in sorted({op.qualname or "" for op in ops_ok}, key=lambda q: q.count(".")):
+        here = sorted((o for o in ops_ok if o.qualname == qual), key=op_order)
+        owner_qual, _, attr = qual.rpartition(".")
+        owner = (beneath_subclasses(resolve(namespace, owner_qual, plan)[1]) if owner_qual
+                 else namespace)
+        adds = [o for o in here if o.kind in (ADD, SET)]
+        for op in adds:
+            adopt(op, plan.module)
+            set_attr(owner, attr, op.obj)
+        if adds and qual in plan.sites:  # a module-level set: its copies are re-bound
+            plan.final[qual] = adds[-1].obj
+        rest = [o for o in here if o.kind not in (ADD, SET)]
+        if not rest:
+            continue
+        current = resolve(namespace, qual, plan)[1]
+        inner = [o for o in rest if not o.decorated]
+        outer = [o for o in rest if o.decorated]
+        if inner:
+            layers = next(v[2] for v in applied[inner[0].patch.name] if v[0] is inner[0])
+            current = rebuild(layers, plan.make_object(qual, inner, peel(layers, current)), owner,
+                              attr)
+        current = plan.make_object(qual, outer, current)
+        if type(current) in (property, classmethod, staticmethod):
+            from .objects import settle
+
+            current = settle(current, plan.module, qual, plan.named)
+        set_attr(owner, attr, current)
+        plan.final[qual] = current
+    links = chain_links([*earlier, *ops_ok])  # places in the whole chain, as at import
+    for op in ops_ok:
+        events.record("applied", op.patch.name, f"{plan.module}:{op.qualname}", "in-place",
+                      op.kind, chain=links.get(id(op)))
+    record_landed(plan.module, namespace, [*earlier, *ops_ok])
+    plan.finished = True
+
+
+def _after_earlier(op: Op, earlier: list[Op]) -> str:
+    """Why ``op`` cannot land on top of the operations that landed before it, or ""."""
+    from .activation import chain, conflict
+    from .declare import CHAIN_KINDS, ORDERED_KINDS, REPLACE, SET, WRAP
+
+    if op.kind not in (*CHAIN_KINDS, SET):
+        return ""
+    before = [e for e in earlier if e.qualname == op.qualname and e.kind in (*CHAIN_KINDS, SET)
+              and e.patch.name != op.patch.name]
+    if not before:
+        return ""
+    together = ("enable them together (one enable() call, or IMPORTPATCH_ENABLE at interpreter "
+                "start)")
+    replacing = [e for e in before if e.kind in (REPLACE, SET)]
+    if op.kind in (REPLACE, SET) and replacing:
+        return (conflict([op, replacing[0]]) + f" ({replacing[0].patch.name!r} was applied "
+                "earlier in this process)")
+    above = [e for e in before if e.kind in ORDERED_KINDS]
+    if op.kind in (REPLACE, SET) and above:
+        listed = " and ".join(repr(e.patch.name) for e in above)
+        kinds = {e.kind for e in above}
+        how = " and ".join(("wrapped" if k == WRAP else "subclassed") for k in sorted(kinds,
+                                                                                   reverse=True))
+        return (f"{op.qualname} is already {how} by {listed} (applied earlier in this "
+                "process); a replace goes beneath the wraps and subclasses, and applying it now "
+                f"would drop them: {together}")
+    outer = chain([*before, op])[-1]
+    if outer is not op:
+        return (f"the {op.kind} of {op.qualname} goes inside the {outer.kind} of "
+                f"{outer.patch.name!r} (by decorated, kind, order, then patch name), which was "
+                "applied earlier in this process; applying it now would put it outside: "
+                f"{together}")
+    return ""
+
+
+# -- Late: re-applying the original decorators to a replacement -----------------------------------
+
+
+class LateRefusal(Exception):
+    """A patch cannot be applied to an already-imported module the way import would apply it."""
+
+
+# Decorators whose effect can be rebuilt on another function without side effects.
+_REBUILDABLE = ("property", "staticmethod", "classmethod", "cached_property", "lru_cache", "cache")
+
+
+def _decorator_name(expr: ast.expr) -> str:
+    import ast
+
+    if isinstance(expr, ast.Call):
+        expr = expr.func
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else ast.unparse(expr)
+
+
+def redecorate_plan(
+    tree: ast.Module | None, qual: str, current: Any, module: str
+) -> list[tuple[str, Any]]:
+    """The decorator layers around the undecorated definition of ``qual`` (outermost first), as
+    ``(kind, layer object)``; raises LateRefusal when they cannot be rebuilt."""
+    import ast
+
+    from . import bindings
+
+    advice = (
+        f"{module} was imported before patching started and {qual} is decorated with "
+        "{what}, which cannot be applied again to the replacement without side effects; "
+        "activate the patch at interpreter start (IMPORTPATCH_ENABLE in the environment)"
+    )
+    if tree is None:
+        if callable(current) and not hasattr(current, "__wrapped__") and not isinstance(
+                current, type):
+            return []
+        raise LateRefusal(advice.format(what="decorators the source (not readable) would show"))
+    body: list[ast.stmt] = tree.body
+    parts = qual.split(".")
+    found: list[bindings.Binding] = []
+    for i, part in enumerate(parts):
+        found = bindings.scope_bindings(body, part)
+        if i < len(parts) - 1:
+            cls = next((b.node for b in found if isinstance(b.node, ast.ClassDef)), None)
+            if cls is None:
+                return []
+            body = cls.body
+    defs = [b for b in found if not b.derived]
+    derived = [b for b in found if b.derived]
+    decorated = [b for b in defs if getattr(b.node, "decorator_list", None)]
+    if not decorated:
+        if derived:
+            raise LateRefusal(advice.format(what=f"a re-binding at line {derived[0].line}"))
+        return []
+    lists = {tuple(ast.dump(d) for d in b.node.decorator_list) for b in decorated}  # type: ignore[attr-defined]
+    names = [_decorator_name(d) for d in decorated[0].node.decorator_list]  # type: ignore[attr-defined]
+    if len(lists) > 1 or len(decorated) != len(defs) or any(n not in _REBUILDABLE for n in names):
+        what = ", ".join(f"@{n}" for n in names if n not in _REBUILDABLE) or "several definitions"
+        raise LateRefusal(advice.format(what=what))
+    for b in derived:  # only the property chain (@x.setter / getter / deleter) is rebuilt
+        decos = getattr(b.node, "decorator_list", [])
+        if not (names[0] == "property" and len(decos) == 1 and isinstance(decos[0], ast.Attribute)
+                and decos[0].attr in ("setter", "getter", "deleter")):
+            raise LateRefusal(advice.format(what=f"a re-binding at line {b.line}"))
+    layers: list[tuple[str, Any]] = []
+    obj = current
+    for name in names:
+        layers.append((name, obj))
+        obj = _inner(name, obj)
+        if obj is None:
+            raise LateRefusal(advice.format(what=f"@{name} (its object is not what it makes)"))
+    return layers
+
+
+def _inner(kind: str, layer: Any) -> Any:
+    import functools
+
+    if kind == "property":
+        return layer.fget if isinstance(layer, property) else None
+    if kind in ("staticmethod", "classmethod"):
+        return layer.__func__ if isinstance(layer, (staticmethod, classmethod)) else None
+    if kind == "cached_property":
+        return layer.func if isinstance(layer, functools.cached_property) else None
+    if hasattr(layer, "cache_parameters") and hasattr(layer, "__wrapped__"):
+        return layer.__wrapped__
+    return None
+
+
+def peel(layers: list[tuple[str, Any]] | None, current: Any) -> Any:
+    """The undecorated object inside ``current``."""
+    for kind, layer in layers or []:
+        current = _inner(kind, layer)
+    return current
+
+
+def rebuild(layers: list[tuple[str, Any]] | None, func: Any, owner: Any, attr: str) -> Any:
+    """``func`` with the decorators of ``layers`` applied again, innermost first."""
+    import functools
+
+    for kind, layer in reversed(layers or []):
+        if kind == "property":
+            func = layer.getter(func)  # keeps the setter, deleter and a doc not from the getter
+        elif kind in ("staticmethod", "classmethod"):
+            func = type(layer)(func)
+        elif kind == "cached_property":
+            func = functools.cached_property(func)
+            func.__set_name__(owner, attr)
+        else:
+            func = functools.lru_cache(**layer.cache_parameters())(func)
+    return func

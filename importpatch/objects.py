@@ -147,15 +147,6 @@ def settle(obj: Any, module: str, qualname: str, named: set[int]) -> Any:
     return property(values["fget"], values["fset"], values["fdel"], obj.__doc__)
 
 
-def wrap_object(obj: Any, wrapper: Any, module: str, qualname: str) -> Any:
-    """``obj`` wrapped with ``wrapper`` (wrapt's convention), installed at ``module:qualname``
-    (see ``importpatch.wrappers``; wrapt is imported only where something is wrapped: it costs
-    ~25 ms)."""
-    from .wrappers import wrap_object as wrap
-
-    return wrap(obj, wrapper, module, qualname)
-
-
 # -- Names of objects defined by patches -----------------------------------------------------------
 
 

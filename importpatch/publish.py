@@ -55,13 +55,13 @@ def publish(real_path: str, text: str, cache_root: str | None) -> str:
     # folder; what is trusted is the content itself: an existing file is used only when its bytes
     # are these bytes (what Triton compiles and tracebacks show must be exactly the patched text).
     digest = f"{_imp.source_hash(_KEY, data).hex()}{len(data):x}"
-    from . import bytecache
+    from . import safefiles
 
-    path = bytecache.folder(cache_root, "src", digest, os.path.basename(real_path))
+    path = safefiles.folder(cache_root, "src", digest, os.path.basename(real_path))
     try:
         if path is None:
             raise OSError("a cache folder on the way is not safe (see the warning above)")
-        if bytecache.read_owned(path) != data and not bytecache.write_atomic(path, data):
+        if safefiles.read_owned(path) != data and not safefiles.write_atomic(path, data):
             raise OSError("write failed")
     except OSError as exc:
         events.warn_once(

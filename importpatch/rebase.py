@@ -30,7 +30,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from . import authoring, check, declare, diffs, releases
+from . import authoring, declare, diffs, packages, releases
 
 APPLIED, MERGED, UPSTREAM, CONFLICT = "applied", "merged", "upstream", "conflict"
 CLEAN = "clean"
@@ -411,21 +411,21 @@ def _block(out: list[str], marker: str, lines: Sequence[str], eol: str) -> None:
 # -- Sources -------------------------------------------------------------------------------------
 
 
-_opened: dict[str, check.Source] = {}  # one reading of each wheel per process (several patches)
+_opened: dict[str, packages.Source] = {}  # one reading of each wheel per process (several patches)
 
 
-def open_release(where: str, option: str = "--to") -> check.Source:
+def open_release(where: str, option: str = "--to") -> packages.Source:
     """``installed``, a ``NAME==VERSION`` release (the installed files when that release is the
     one installed here, else the wheel, downloaded and cached), or a path."""
     if where not in _opened:
         if where == "installed":
-            _opened[where] = check.InstalledSource()
+            _opened[where] = packages.InstalledSource()
         else:
-            _opened[where] = check.open_source(where, option=option)
+            _opened[where] = packages.open_source(where, option=option)
     return _opened[where]
 
 
-def release_label(source: check.Source, top: str) -> str:
+def release_label(source: packages.Source, top: str) -> str:
     found = authoring.release_of(source, top)
     return f"{found[0]}=={found[1]}" if found else source.label
 
@@ -489,10 +489,10 @@ def rebase(
     require_merge3()
     patch = authoring.find_patch(name)
     if patch is None:
-        raise check.UsageError(f"unknown patch name: {name}", "see 'importpatch list'")
+        raise packages.UsageError(f"unknown patch name: {name}", "see 'importpatch list'")
     ops = authoring.diff_ops(patch)
     if base is None and not patch.base:
-        raise check.UsageError(
+        raise packages.UsageError(
             f"patch {name} has no 'Base:' header: the release its diff was made against is "
             "unknown", "pass --base WHEEL|SDIST|DIR|NAME==VERSION (that release)")
     base_source = open_release(base or str(patch.base), "--base")
@@ -512,7 +512,7 @@ def rebase(
         found_base = _find(base_source, op.modules)
         found_target = _find(target, op.modules)
         if found_base is None:
-            raise check.UsageError(
+            raise packages.UsageError(
                 f"{fp.path} is not in the base {base_label} ({base_source.label})",
                 "--base must be the release the diff was made against")
         if found_target is None:
@@ -521,16 +521,16 @@ def rebase(
                                            f"{target.label}"))
             continue
         module, file = found_target
-        rel = check.module_path(module, file)
+        rel = packages.module_path(module, file)
         theirs = target.text(file)
         base_text = base_source.text(found_base[1])
         try:
             merged = merge_file(base_text, theirs, fp, labels)
         except NotApplicable as exc:
-            raise check.UsageError(
+            raise packages.UsageError(
                 f"the diff of {name} does not apply to its base {base_label}: {exc}",
                 "is the Base: header (or --base) the release the diff was made on?") from None
-        if check.module_path(*found_base) == rel:
+        if packages.module_path(*found_base) == rel:
             # The base release has the file at the path the rebased diff names; a module that
             # moved (found through candidates) is not found there by that diff.
             bases[rel] = base_text
@@ -575,7 +575,7 @@ def rebase(
     folder = authoring.session_folder(name, work)
     old = authoring.Session.load(folder)
     if old is not None and old.unsaved() and not force:
-        raise check.UsageError(
+        raise packages.UsageError(
             f"work folder {folder} holds unsaved edits ({', '.join(old.unsaved())})",
             f"'importpatch save {name}' them first, or pass --force to replace them")
     if old is not None:
@@ -599,7 +599,7 @@ def rebase(
     return report
 
 
-def _find(source: check.Source, modules: Sequence[str]) -> tuple[str, str] | None:
+def _find(source: packages.Source, modules: Sequence[str]) -> tuple[str, str] | None:
     for module in modules:
         file = source.find(module)
         if file is not None:

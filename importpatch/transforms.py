@@ -14,7 +14,7 @@ import ast
 import difflib
 import re
 
-from . import diffs, landing
+from . import activation, diffs, landing
 from .declare import DIFF, FIELD, TRANSFORM
 from .errors import PatchError
 
@@ -138,13 +138,13 @@ _MAIN_BLOCK = re.compile(r"^if\s+.*__main__", re.M)  # done() must go before suc
 
 def compile_module(
     module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
-) -> tuple[CodeType, dict[str, landing.Fact]]:
+) -> tuple[CodeType, dict[str, activation.Fact]]:
     """Parse the (patched) text, read what it proves of ``fact_quals`` (before the tree changes),
     add definition-site landings for ``qualnames`` and the begin/done hooks, compile."""
     if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
         # Only code changes: nothing to land, nothing to add, so the text plus one closing line
         # compiles directly (about twice as fast as parse + compile(tree)); lines do not move.
-        closing = f"\n__import__('importpatch.landing').landing.done({module!r})\n"
+        closing = f"\n{activation.HOOKS}.done({module!r})\n"
         return compile(text + closing, code_filename, "exec", dont_inherit=True), {}
     tree = ast.parse(text, filename=code_filename)
     facts = landing.facts_of(tree, fact_quals)

@@ -41,9 +41,7 @@ def activate() -> None:
         if installed() is None:
             _boot.activate(late=True)
         elif _boot.activated_with != _boot.toggles_key():
-            from . import enable
-
-            enable()  # earlier patches stay on; the newly named ones are added
+            _boot.enable()  # earlier patches stay on; the newly named ones are added
             _boot.activated_with = _boot.toggles_key()
     except StrictError:
         raise  # strict mode: stop vLLM here (see importpatch/strict.py)

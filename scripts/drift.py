@@ -204,7 +204,7 @@ def crosscheck(patch: dict[str, Any], artifact: Path) -> dict[str, bool | None]:
 
     Each target file is laid out, byte for byte, at the path the diff names. False for both when
     a target module is not in the release (nothing to apply to); None where a tool is missing."""
-    from importpatch.check import module_path
+    from importpatch.packages import module_path
 
     tools = {
         "git_apply": ["git", "apply", "--check", "-p1"],
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"where --write-matrix writes (default: {DOCS})")
     args = parser.parse_args(argv)
     checkout = use_importpatch()
-    from importpatch.check import UsageError
+    from importpatch.packages import UsageError
 
     try:
         return drift(args, checkout)

@@ -46,7 +46,7 @@ class Chained:
 
         def get_code(fullname):
             code = original(fullname)
-            SEEN.append(("code", fullname, "landing" in str(code.co_consts)))
+            SEEN.append(("code", fullname, "activation" in str(code.co_consts)))
             return code
 
         self.loader.get_code = get_code

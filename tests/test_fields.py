@@ -13,6 +13,8 @@ import pytest
 from conftest import Venv, clean_env
 from coreutil import COMPILE_SPY, Lab
 
+from importpatch.activation import HOOKS
+
 MODELS = '''\
 import dataclasses
 import enum
@@ -108,7 +110,7 @@ def test_diff_shows_only_the_written_lines_and_keeps_comments(lab: Lab) -> None:
     proc = lab.ok([str(lab.venv.script("importpatch")), "diff", "fields"], enable="fields")
     changed = [line for line in proc.stdout.splitlines()
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-    hook = "__import__('importpatch.landing').landing.value('fpkg.models', 'Params.marker')"
+    hook = f"{HOOKS}.value('fpkg.models', 'Params.marker')"
     assert changed == [
         "+    seed: int",
         "-    temperature: float = 1.0  # the usual",

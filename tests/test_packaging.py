@@ -137,14 +137,14 @@ def test_nothing_imported_without_env(wheel_venv: Venv) -> None:
 
 
 def _version_in_package() -> str:
-    """``__version__`` as importpatch/__init__.py states it (the version's one source)."""
-    tree = ast.parse((ROOT / "importpatch" / "__init__.py").read_text(encoding="utf-8"))
+    """``__version__`` as importpatch/_version.py states it (the version's one source)."""
+    tree = ast.parse((ROOT / "importpatch" / "_version.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
             "__version__"
         ]:
             return str(ast.literal_eval(node.value))
-    raise AssertionError("no __version__ = ... in importpatch/__init__.py")
+    raise AssertionError("no __version__ = ... in importpatch/_version.py")
 
 
 def _metadata_fields(text: str) -> dict[str, list[str]]:

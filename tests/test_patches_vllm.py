@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from importpatch.catalog import builtin_folder
+from importpatch.config import builtin_folder
 from importpatch.pytest_plugin import assert_applies_cleanly
 
 pytestmark = pytest.mark.vllm

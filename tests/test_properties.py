@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from importpatch import landing, transforms
+from importpatch import activation, transforms
 from importpatch.declare import Patch, collecting
 from importpatch.diffs import apply, parse
 
@@ -280,16 +280,16 @@ def run_patched(text: str, targets: dict[str, Any]) -> tuple[dict[str, Any], set
         patch = Patch("fuzz")
     for qual, replacement in targets.items():
         patch.replace(f"{MOD}:{qual}", replacement)
-    plan = landing.ModulePlan(MOD, list(patch.ops), "<fuzz>")
-    quals = sorted({landing.site_of(op)[0] for op in patch.ops} - {""})
+    plan = activation.ModulePlan(MOD, list(patch.ops), "<fuzz>")
+    quals = sorted({activation.site_of(op)[0] for op in patch.ops} - {""})
     code, facts = transforms.compile_module(
-        MOD, text, quals, landing.fact_quals(patch.ops), "<fuzz>"
+        MOD, text, quals, activation.fact_quals(patch.ops), "<fuzz>"
     )
     plan.unseen = {q for q, fact in facts.items() if not fact.seen}
     plan.prepare(facts)
-    landing.register(plan)
+    activation.register(plan)
     namespace: dict[str, Any] = {"__name__": MOD}
-    exec(code, namespace)  # the code calls landing.begin and landing.done itself
+    exec(code, namespace)  # the code calls activation.begin and activation.done itself
     assert plan.finished
     return namespace, plan.unseen
 

@@ -28,7 +28,7 @@ from coreutil import Lab
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from importpatch import check
+from importpatch import check, packages
 from importpatch.declare import Patch, collecting
 
 PRELUDE = '''\
@@ -169,7 +169,7 @@ def test_property_check_verdict_matches_the_real_import(
             getattr(patch, kind)(f"{pkg}.mod{i}:{qual}", value)
             patches.append(patch)
     lab.target(files).patch({f"{pkg}.py": "\n".join(decls) + "\n"})
-    checker = check._Checker(check.FolderSource(str(lab.targets)))
+    checker = check._Checker(packages.FolderSource(str(lab.targets)))
     verdicts = [checker.op(p.ops[0]) for p in patches]
     code = (f"PKG = {pkg!r}\nBASE = {BASE}\n"
             f"CASES = {json.dumps([[q, k] for _, q, k in cases])}\n" + CHILD)

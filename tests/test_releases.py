@@ -19,7 +19,7 @@ from package_index import NAMES, PROJECT, Index
 from test_cli import CORE
 
 from importpatch import diffs, releases
-from importpatch.check import UsageError, open_source
+from importpatch.packages import UsageError, open_source
 
 RELEASE = f"{PROJECT}==1.4.0"
 

@@ -1,0 +1,214 @@
+"""The package's layout keeps two rules that Python itself never reports (issue 22):
+
+- no import cycle between importpatch modules, counting module-level and function-local imports
+  (155 of them are function-local on purpose, for start-up cost), ignoring only the implicit
+  import of a package's ``__init__`` (an explicit ``import importpatch`` or
+  ``from importpatch import x`` counts as an edge to it, or to the submodule ``x`` when it is one);
+  imports under ``if TYPE_CHECKING:`` never run and do not count;
+- the code that runs inside every patched process never imports a command-line tool (``TOOLS``;
+  ``__main__``, the entry of ``python -m importpatch``, is the command line too).
+
+An AST walk over ``importpatch/`` (its subfolders included), so no module is imported here; on
+the code before issue 22 it printed four tangles: bindings <-> fields, objects <-> wrappers,
+authoring -> check -> capture -> authoring, and one of twelve modules through
+importpatch/__init__ (bytecache read ``__version__`` there, and ``enable()`` imports ``_boot``).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "importpatch"
+
+# The command-line tools, by final module name (flat today, under importpatch/tools/ later):
+# imported only by `importpatch ...`, pytest and scripts, never by the pipeline stages.
+TOOLS = [
+    "cli", "check", "packages", "sideeffects", "authoring", "rebase", "capture", "releases",
+    "fromgit", "pytest_plugin",
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_package(name: str, modules: dict[str, Path]) -> bool:
+    return modules[name].name == "__init__.py"
+
+
+def _resolve(target: str, modules: dict[str, Path]) -> str | None:
+    """The module of the package that `target` names (or that holds it), or None (outside)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _edges(name: str, modules: dict[str, Path]) -> set[str]:
+    tree = ast.parse(modules[name].read_text(encoding="utf-8"))
+    package = name if _is_package(name, modules) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _walk(tree):
+        if isinstance(node, ast.Import):
+            bases = [alias.name for alias in node.names]
+            for base in bases:
+                hit = _resolve(base, modules)
+                if hit is not None:
+                    found.add(hit)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                keep = len(parts) - (node.level - 1)
+                base = ".".join(parts[:keep])
+                if node.module:
+                    base = f"{base}.{node.module}"
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                hit = sub if sub in modules else _resolve(base, modules)
+                if hit is not None:
+                    found.add(hit)
+    found.discard(name)
+    return found
+
+
+def _walk(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (imports that never run)."""
+    nodes: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.If) and _names_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+def _names_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    assert "importpatch" in modules and len(modules) > 20, sorted(modules)
+    return {name: _edges(name, modules) for name in modules}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle through each strongly connected component of more than one module, and the
+    modules of that component."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [
+        " -> ".join(_one_cycle(graph, set(c), c[0])) + f"  (tangle: {', '.join(c)})"
+        for c in components
+    ]
+
+
+def _one_cycle(graph: dict[str, set[str]], members: set[str], start: str) -> list[str]:
+    """A shortest path start -> ... -> start inside one component (breadth first)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & members):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if nxt not in previous:
+                    previous[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")
+
+
+def _named(graph: dict[str, set[str]], last: str) -> str:
+    (name,) = [n for n in graph if n.rpartition(".")[2] == last]
+    return name
+
+
+def _is_tool(name: str) -> bool:
+    # `python -m importpatch` runs the command line: __main__ is its entry, not a stage.
+    last = name.rpartition(".")[2]
+    return ".tools." in f"{name}." or last in TOOLS or last == "__main__"
+
+
+def test_graph_sees_function_local_and_relative_imports() -> None:
+    """The walk itself: a cycle it cannot see it cannot report."""
+    graph = _graph()
+    # enable() imports _boot inside the function, relative to the package it is in.
+    assert "importpatch._boot" in graph["importpatch"]
+    # _pth imports nothing at module level: its edge to _boot is function-local.
+    assert any(target.endswith("._boot") for target in graph[_named(graph, "_pth")])
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles (one per tangle):\n" + "\n".join(cycles)
+
+
+def test_runtime_never_imports_the_tools() -> None:
+    graph = _graph()
+    bad = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items() if not _is_tool(name)
+        for target in targets if _is_tool(target)
+    )
+    assert not bad, "modules that run in every patched process import a tool:\n" + "\n".join(bad)
+
+
+def test_the_cache_key_producers_are_files_of_the_package() -> None:
+    """``bytecache.PRODUCERS`` names the modules whose code decides the compiled code (the name
+    baked into it included): a name that no longer is a file (a module moved) would hash as
+    empty and let entries made by other code be reused."""
+    tree = ast.parse(_modules()[_named(_graph(), "bytecache")].read_text(encoding="utf-8"))
+    (names,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", "") for t in node.targets] == ["PRODUCERS"]]
+    missing = [n for n in names if not (PACKAGE / f"{n}.py").is_file()]
+    assert not missing, f"PRODUCERS names no file under importpatch/: {missing}"
+    assert {"activation", "landing", "transforms"} <= {n.rpartition("/")[2] for n in names}
