@@ -40,7 +40,6 @@ Invariants:
 from __future__ import annotations
 
 import _imp
-import contextlib
 import marshal
 import os
 import sys
@@ -314,8 +313,10 @@ def _files(root: str, areas: tuple[str, ...] = AREAS) -> list[tuple[str, str, os
         for base, _, names in os.walk(os.path.join(root, area)):
             for name in names:
                 path = os.path.join(base, name)
-                with contextlib.suppress(OSError):
+                try:  # noqa: SIM105 (contextlib costs 15M instructions at start)
                     out.append((area, path, os.lstat(path)))
+                except OSError:
+                    pass
     return out
 
 
