@@ -20,7 +20,7 @@ def main() -> None:
     import vllm.v1.sample.sampler  # noqa: F401
     from vllm.v1.core import kv_cache_utils
 
-    from importpatch import late
+    from importpatch.install import late
 
     cases = [
         ("function", "vllm.v1.core.kv_cache_utils", "resolve_kv_cache_block_sizes",

@@ -5,7 +5,7 @@ Importing this package is cheap: the public names below load their modules on fi
 
 from __future__ import annotations
 
-from ._version import __version__ as __version__
+from importpatch._version import __version__ as __version__
 
 __all__ = [
     "Patch", "PatchError", "DeclarationError", "enable", "disable", "applied", "bind",
@@ -15,13 +15,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .declare import DeclarationError, Patch
-    from .errors import PatchError
-    from .objects import bind
+    from importpatch.discover.declare import DeclarationError, Patch
+    from importpatch.errors import PatchError
+    from importpatch.install.objects import bind
 
 _LAZY = {
-    "Patch": "declare", "DeclarationError": "declare", "PatchError": "errors",
-    "applied": "events", "bind": "objects",
+    "Patch": "discover.declare", "DeclarationError": "discover.declare", "PatchError": "errors",
+    "applied": "events", "bind": "install.objects",
 }
 
 
@@ -42,13 +42,13 @@ def enable(*names: str, environ: dict[str, str] | None = None) -> int:
     are patched as they load; targets already imported are patched in place, and the copies
     other modules' source proves (``from x import y``, ...) are re-bound (see ``late``). Returns
     the number of enabled patches."""
-    from . import _boot
+    from importpatch import _boot
 
     return _boot.enable(*names, environ=environ)
 
 
 def disable() -> None:
     """Stop patching modules imported from now on (already patched modules stay patched)."""
-    from .finder import uninstall
+    from importpatch.load.finder import uninstall
 
     uninstall()

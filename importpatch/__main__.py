@@ -1,8 +1,8 @@
-"""``python -m importpatch``: the ``importpatch`` command (see importpatch.cli)."""
+"""``python -m importpatch``: the ``importpatch`` command (see importpatch.tools.cli)."""
 
 import sys
 
-from .cli import main
+from importpatch.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

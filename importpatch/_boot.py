@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from typing import Any
 
-    from .catalog import Entry
-    from .finder import PatchFinder
+    from importpatch.discover.catalog import Entry
+    from importpatch.load.finder import PatchFinder
 
 _started = False
 # What the .pth line saw: its site folder, that folder's (mtime, ctime, inode), the length of
@@ -54,7 +54,7 @@ def start(sitedir: str | None = None) -> None:
         if sitedir is not None:  # first: _fails_closed reads it if a module below is missing
             st = os.stat(sitedir)
             _pth = (sitedir, (st.st_mtime_ns, st.st_ctime_ns, st.st_ino), len(sys.path))
-        from . import config
+        from importpatch import config
 
         if os.environ.pop(config.SCANNER, None) is not None:
             return  # the process that builds its parent's index (catalog.scan_bounded)
@@ -88,7 +88,7 @@ def start_waited(site_path: list[str] | None) -> None:
         return
     _started = _waited = True
     try:
-        from . import sites
+        from importpatch import sites
 
         sites.site_path = site_path if site_path is not None else list(sys.path)
         activate(start=True)
@@ -126,7 +126,7 @@ class _AfterSite:
 
 
 def _activate_at_start() -> None:
-    from . import sites
+    from importpatch import sites
 
     sites.site_path = list(sys.path)  # the interpreter puts the script folder first later
     activate(start=True)
@@ -137,7 +137,7 @@ _waited = False  # started by the .pth line's waiting finder: patches on by defa
 
 def _fail(exc: BaseException, *, fail_closed: bool = True) -> None:
     if isinstance(exc, KeyboardInterrupt):
-        from .catalog import _SigintWatch
+        from importpatch.discover.catalog import _SigintWatch
 
         if _SigintWatch.hit:  # a real Ctrl-C: let it stop the process (see the docstring)
             raise exc
@@ -231,7 +231,7 @@ class _FailsClosed:
 
 def _warn_problems(problems: tuple[str, ...]) -> None:
     if problems:
-        from . import events
+        from importpatch import events
 
         for problem in problems:
             events.warn_once(problem, problem)
@@ -244,7 +244,9 @@ def activate(
 
     ``late=True`` (an explicit ``enable()``, vLLM's general-plugin hook, a Ray worker whose
     variables arrived after start) also patches targets that are already imported."""
-    from . import catalog, config, events, finder, safefiles
+    from importpatch import config, events, safefiles
+    from importpatch.discover import catalog
+    from importpatch.load import finder
 
     global activated_with
     activated_with = toggles_key(environ)
@@ -293,7 +295,7 @@ def activate(
         _write_targets(entries)
     installed = finder.install(chosen)
     if late:
-        from .late import apply_to_imported
+        from importpatch.install.late import apply_to_imported
 
         installed.check_imported_tops(strict=toggles.strict)
         apply_to_imported(installed)
@@ -303,9 +305,9 @@ def activate(
 def enable(*names: str, environ: dict[str, str] | None = None) -> int:
     """``importpatch.enable()`` (see there): the patches named, by the environment and made with
     ``Patch(...)`` in this process, on from now; returns the number of enabled patches."""
-    from . import config
-    from .declare import iter_registry
-    from .finder import installed
+    from importpatch import config
+    from importpatch.discover.declare import iter_registry
+    from importpatch.load.finder import installed
 
     env = dict(os.environ if environ is None else environ)
     # Earlier enable() calls stay in force: the new finder replaces the old one.
@@ -336,8 +338,8 @@ def _choice_problems(
     """(once-key, message) of each problem with the chosen patches: the warnings every process
     prints, and what strict mode stops on. (A patch whose declaration imports its own target but
     can land in place is not one outside strict mode: it warns when it is applied.)"""
-    from . import config
-    from .catalog import in_place_only
+    from importpatch import config
+    from importpatch.discover.catalog import in_place_only
 
     out = []
     known = {e.name for e in entries}
@@ -364,7 +366,7 @@ def _stop(toggles: Any, entries: list[Entry], problems: list[str], *, late: bool
     """Strict mode: stop at the first safe point (see importpatch/strict.py). ``anything``: the
     targets of what was asked for are unknown (an unknown name, a missing folder): any package
     outside the standard library may be one."""
-    from . import strict
+    from importpatch import strict
 
     problems = [*toggles.choice_problems, *problems]
     if late:
@@ -380,7 +382,7 @@ activated_with: tuple[str | None, ...] | None = None
 def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, ...]:
     """The values of the variables that choose the patches, as ``activate`` would read them:
     a Ray worker's variables can change after start (vLLM sets them by RPC)."""
-    from . import config
+    from importpatch import config
 
     env = os.environ if environ is None else environ
     return tuple(config.get(env, v) for v in (config.ENABLE, config.DISABLE, config.OFF,
@@ -390,8 +392,8 @@ def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, .
 
 def api_entries() -> list[Entry]:
     """Patches made with ``Patch(...)`` in this process (not from a patch file)."""
-    from .catalog import Entry
-    from .declare import iter_registry
+    from importpatch.discover.catalog import Entry
+    from importpatch.discover.declare import iter_registry
 
     return [Entry.from_patch(p, "api", p.source, None) for p in iter_registry()]
 
@@ -406,7 +408,8 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     """Write the .pth line's stamp when its key covers everything (see the module docstring):
     empty when nothing is on; else (``chosen``: patches on by default only, none broken) the
     top-level packages they target, one per line, which the line then waits for."""
-    from . import catalog, config, safefiles, sites
+    from importpatch import config, safefiles, sites
+    from importpatch.discover import catalog
 
     if _pth is None or index.entry_points or index.path is None:
         return
@@ -447,7 +450,7 @@ def _write_targets(entries: list[Entry]) -> None:
     """Keep ``targets_path`` up to date: what every known patch targets, for the imports that
     fail closed when the hook cannot start (see _fails_closed). Called where the index was
     rebuilt (never on the warm path); written only when it changed."""
-    from . import config, safefiles
+    from importpatch import config, safefiles
 
     root = config.default_cache_root()[0]
     if _pth is None or root is None:

@@ -57,10 +57,10 @@ def discovery_timeout(environ: Mapping[str, str]) -> float:
     return value if value >= 0 and value == value else DEFAULT_DISCOVERY_TIMEOUT
 
 
-# The variable of vLLM's plugin-system blog post (importpatch.compat): comma-separated names of
-# patches as registered with its PatchManager. A set VLLM_CUSTOM_PATCHES is a reason to activate at
-# start (the .pth line looks for it by name, importpatch/_pth.py), and its names switch on the
-# importpatch patches of those names; a name importpatch does not know is the blog package's
+# The variable of vLLM's plugin-system blog post (importpatch.integrations.compat): comma-separated
+# names of patches as registered with its PatchManager. A set VLLM_CUSTOM_PATCHES is a reason to
+# activate at start (the .pth line looks for it by name, importpatch/_pth.py), and its names switch
+# on the importpatch patches of those names; a name importpatch does not know is the blog package's
 # business, so it gets no warning.
 CUSTOM_PATCHES = "VLLM_CUSTOM_PATCHES"
 

@@ -8,7 +8,7 @@ import sys
 
 class UsageError(Exception):
     """A request that cannot be carried out as asked (bad path, unknown patch name); the
-    commands print it with its hint and exit 2. Imported by them from importpatch.packages."""
+    commands print it with its hint and exit 2. Imported by them from importpatch.tools.packages."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
@@ -41,7 +41,7 @@ def installed_version(module: str) -> str:
     mod = sys.modules.get(top)
     version = getattr(mod, "__version__", None)
     if not isinstance(version, str):
-        from .versions import distribution_version
+        from importpatch.versions import distribution_version
 
         version = distribution_version(top)
     return f"{top} {version or 'version unknown'}"

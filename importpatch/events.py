@@ -25,7 +25,7 @@ _once: set[str] = set()
 
 
 def _settings() -> tuple[bool, str | None]:
-    from . import config
+    from importpatch import config
 
     return config.flag(os.environ, config.LOG), config.get(os.environ, config.EVENTS_DIR)
 

@@ -23,7 +23,7 @@ import os
 import stat
 import time
 
-from . import config, events
+from importpatch import config, events
 
 _root_checked = False
 _root: str | None = None

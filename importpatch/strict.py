@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 
-from .errors import PatchError
+from importpatch.errors import PatchError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class StrictError(PatchError):
     """Strict mode stopped the program: ``problems`` are the warnings it would have printed."""
 
     def __init__(self, problems: list[str], where: str, module: str | None = None) -> None:
-        from . import config
+        from importpatch import config
 
         text = "; ".join(problems)
         msg = f"importpatch: {text} ({config.STRICT} is on: stopped at {where})"

@@ -43,10 +43,10 @@ SCRIPTS = Path(__file__).resolve().parent
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 try:
-    from importpatch import diffs
+    from importpatch.rewrite import diffs
 except ImportError:  # run from a checkout without the package installed
     sys.path.insert(1, str(SCRIPTS.parent))
-    from importpatch import diffs
+    from importpatch.rewrite import diffs
 
 import vllm_history  # noqa: E402
 

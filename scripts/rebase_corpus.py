@@ -37,7 +37,8 @@ if not any((Path(p) / "importpatch").is_dir() for p in sys.path[1:] if p):
 
 import vllm_history  # noqa: E402
 
-from importpatch import diffs, rebase  # noqa: E402
+from importpatch.rewrite import diffs  # noqa: E402
+from importpatch.tools import rebase  # noqa: E402
 
 CLEAN, CONFLICT = "clean", "conflict"
 _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C",

@@ -1,5 +1,5 @@
-"""Would ``unidiff`` (PyPI) do as the parser of importpatch.diffs? The cases it must get right,
-and the speed, side by side with importpatch's own parser.
+"""Would ``unidiff`` (PyPI) do as the parser of importpatch.rewrite.diffs? The cases it must get
+right, and the speed, side by side with importpatch's own parser.
 
     python -m pip install unidiff
     python scripts/unidiff_eval.py [MIRROR]     # MIRROR: vLLM history for the speed/agreement run
@@ -7,7 +7,7 @@ and the speed, side by side with importpatch's own parser.
 Each case prints what importpatch and unidiff make of it; the corpus run parses every case diff
 of vllm_history.cases (k=5, 400 cases) with both, compares the old and new sides they recover
 (line texts, final-newline flags) and times both (best of 5). Conclusions are in the report of
-issue 13 and a comment at the top of importpatch/diffs.py's parsing section.
+issue 13 and a comment at the top of importpatch/rewrite/diffs.py's parsing section.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 try:
-    from importpatch import diffs
+    from importpatch.rewrite import diffs
 except ImportError:
     sys.path.insert(1, str(SCRIPTS.parent))
-    from importpatch import diffs
+    from importpatch.rewrite import diffs
 
 import unidiff  # noqa: E402
 import vllm_history  # noqa: E402

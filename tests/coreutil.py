@@ -101,7 +101,7 @@ EVENTS = "[[e['outcome'], e['patch'], e['target'], e['how']] for e in importpatc
 # loader's compile step (the only place patched code is compiled) compiles, in order; an import
 # served from the bytecode cache adds nothing. The one copy of this spy (the module moves: here).
 COMPILE_SPY = """\
-import importpatch.transforms as _spied_transforms
+import importpatch.rewrite.transforms as _spied_transforms
 compiles = []
 _compile_module = _spied_transforms.compile_module
 def _counting_compile(*args, **kwargs):

@@ -31,7 +31,7 @@ COUNTED_IMPORT = COMPILE_SPY + textwrap.dedent(
 VALIDATE = textwrap.dedent(
     """
     import json, os, sys
-    from importpatch import bytecache
+    from importpatch.load import bytecache
     root = sys.argv[1]
     bad, good, stray = [], 0, []
     for folder, _, names in os.walk(os.path.join(root, "code")):

@@ -4,7 +4,7 @@ PEP 503 HTML project pages, files with sha256 (and size), yanked files, a hash t
 The release is a real wheel of a throwaway package (tests/test_cli.py's ``tpkg``), published under
 the file names vLLM's releases use (manylinux1, manylinux_2_28 for x86_64 and aarch64, a
 cp312-only build, an sdist, an older version): ``pip download`` would need the exact platform tag
-of each; importpatch.releases takes any wheel of the version. The fixture is ``package_index``
+of each; importpatch.tools.releases takes any wheel of the version. The fixture is ``package_index``
 (tests/conftest.py); tests/test_drift.py and tests/test_releases.py use it.
 """
 

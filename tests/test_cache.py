@@ -481,7 +481,7 @@ def test_facts_of_an_entry_are_those_of_the_enabled_operations(
         assert "module body ran" not in proc.stdout, how
 
 
-PRUNE_ALL = "import sys; from importpatch import bytecache; bytecache.prune(sys.argv[1], 0, 0)"
+PRUNE_ALL = "import sys; from importpatch.load import bytecache; bytecache.prune(sys.argv[1], 0, 0)"
 
 
 def test_prune_leaves_the_temporary_file_of_a_writer_at_work(

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Venv, clean_env, make_venv
 
-from importpatch import releases
+from importpatch.tools import releases
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

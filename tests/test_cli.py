@@ -760,7 +760,7 @@ def _keys(obj: Any) -> set[str]:
 def test_every_json_key_is_documented(
     wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path]
 ) -> None:
-    doc = wheel_venv.run("import importpatch.cli as c; print(c.__doc__)").stdout
+    doc = wheel_venv.run("import importpatch.tools.cli as c; print(c.__doc__)").stdout
     manual = (ROOT / "docs" / "cli.md").read_text()
     env = {**env, "IMPORTPATCH_ENABLE": "good-diff"}
     outputs = [

@@ -1,5 +1,5 @@
-"""importpatch.compat: the VLLMPatch API of vLLM's plugin-system blog post, on throwaway targets
-(tests/test_vllm_compat.py does the same on real vLLM).
+"""importpatch.integrations.compat: the VLLMPatch API of vLLM's plugin-system blog post, on
+throwaway targets (tests/test_vllm_compat.py does the same on real vLLM).
 
 The patch package is laid out as in the post (tests/blogpkg.py: PatchManager, register_patches,
 one module per patch class) and installed as a real distribution with its entry points; every

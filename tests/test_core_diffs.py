@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from coreutil import EVENTS, Lab
 
-from importpatch.diffs import make_diff
+from importpatch.rewrite.diffs import make_diff
 
 
 def module(n: int, changed: frozenset[int] = frozenset()) -> str:

@@ -108,8 +108,8 @@ def test_python_dash_big_s_patches_after_vllm_plugin_activates(lab: Lab) -> None
         import json, sys
         no_hook = "importpatch" not in sys.modules and "site" not in sys.modules
         import lpk.m, lpk.u1
-        import importpatch.vllm_plugin
-        importpatch.vllm_plugin.activate()
+        import importpatch.integrations.vllm_plugin
+        importpatch.integrations.vllm_plugin.activate()
         import lpk.u2  # imported after activation: patched at load
         finders = [type(f).__name__ for f in sys.meta_path].count("PatchFinder")
         print(json.dumps([no_hook, lpk.m.f(), lpk.u1.f(), lpk.u2.g(), finders]))

@@ -52,7 +52,8 @@ def test_enable_all_means_the_users_patches_never_the_built_in_ones(lab: Lab) ->
         "your folders and packages)"}
     assert {(p["name"], p["why"]) for p in listing if p["origin"] == "folder"} == {
         ("p-one", "IMPORTPATCH_ENABLE=all"), ("p-two", "IMPORTPATCH_ENABLE=all")}
-    finder = "import importpatch.finder as f; print(sorted(e.name for e in f.installed().entries))"
+    finder = ("import importpatch.load.finder as f; print(sorted(e.name for e in f.installed()"
+              ".entries))")
     assert lab.ok(finder).stdout.split() == ["['p-one',", "'p-two']"]
     # a built-in one is on by name, beside all
     named = lab.ok(finder, enable="all,vllm-ban-token-ids").stdout

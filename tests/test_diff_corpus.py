@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import diff_corpus  # noqa: E402
 import vllm_history  # noqa: E402
 
-from importpatch import diffs  # noqa: E402
+from importpatch.rewrite import diffs  # noqa: E402
 
 HAS_PATCH = shutil.which("patch") is not None
 

@@ -1,4 +1,4 @@
-"""Tests for importpatch.diffs: parsing unified diffs and applying them to source text."""
+"""Tests for importpatch.rewrite.diffs: parsing unified diffs and applying them to source text."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from importpatch.diffs import (
+from importpatch.rewrite.diffs import (
     DiffError,
     FilePatch,
     Hunk,

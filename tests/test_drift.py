@@ -1,5 +1,5 @@
 """scripts/drift.py finds, downloads and caches a release the way it does on PyPI (through
-importpatch.releases), against a package index served by this test on 127.0.0.1
+importpatch.tools.releases), against a package index served by this test on 127.0.0.1
 (tests/package_index.py: PEP 691 JSON or PEP 503 HTML pages, files with sha256), so no test
 reaches the network or a real cache.
 """
@@ -67,7 +67,7 @@ def test_without_its_own_variable_drift_shares_the_releases_folder_of_rebase(
     package_index: Index, tmp_path: Path
 ) -> None:
     """One cache of release artifacts: <IMPORTPATCH_CACHE_DIR>/releases, where
-    importpatch.releases (`importpatch rebase`) looks; PIP_INDEX_URL names the index."""
+    importpatch.tools.releases (`importpatch rebase`) looks; PIP_INDEX_URL names the index."""
     root = tmp_path / "root"
     status, out, err = run(None, "--release", f"{PROJECT}==1.4.0:sdist", "--fetch-only",
                            env={"IMPORTPATCH_CACHE_DIR": str(root),

@@ -13,7 +13,7 @@ import pytest
 from conftest import Venv, clean_env
 from coreutil import COMPILE_SPY, Lab
 
-from importpatch.activation import HOOKS
+from importpatch.install.activation import HOOKS
 
 MODELS = '''\
 import dataclasses

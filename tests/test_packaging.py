@@ -61,11 +61,11 @@ def test_wheel_metadata(built_wheel: Path) -> None:
         eps = zf.read(f"{dist_info}/entry_points.txt").decode()
     assert "Name: importpatch-hook" in meta
     assert "Requires-Python: >=3.10" in meta
-    assert "importpatch = importpatch.cli:main" in eps
+    assert "importpatch = importpatch.tools.cli:main" in eps
     assert "[vllm.general_plugins]" in eps
-    assert "importpatch = importpatch.vllm_plugin:activate" in eps
+    assert "importpatch = importpatch.integrations.vllm_plugin:activate" in eps
     assert "[pytest11]" in eps
-    assert "importpatch = importpatch.pytest_plugin" in eps
+    assert "importpatch = importpatch.tools.pytest_plugin" in eps
 
 
 def test_venv_site_packages_has_pth(wheel_venv: Venv) -> None:

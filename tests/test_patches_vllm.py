@@ -28,7 +28,8 @@ SHIPPED = [
 def test_builtin_folder_ships_every_patch() -> None:
     folder = builtin_folder()
     assert folder is not None
-    from importpatch import catalog, config
+    from importpatch import config
+    from importpatch.discover import catalog
 
     names = {e.name for e in catalog.load(config.read({})) if e.origin == "builtin"}
     assert set(SHIPPED) <= names

@@ -23,9 +23,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from importpatch import activation, transforms
-from importpatch.declare import Patch, collecting
-from importpatch.diffs import apply, parse
+from importpatch.discover.declare import Patch, collecting
+from importpatch.install import activation
+from importpatch.rewrite import transforms
+from importpatch.rewrite.diffs import apply, parse
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

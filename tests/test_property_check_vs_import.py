@@ -28,8 +28,8 @@ from coreutil import Lab
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from importpatch import check, packages
-from importpatch.declare import Patch, collecting
+from importpatch.discover.declare import Patch, collecting
+from importpatch.tools import check, packages
 
 PRELUDE = '''\
 import os

@@ -100,7 +100,8 @@ def test_fixture_and_helper_work_from_a_checkout(
 ) -> None:
     import importpatch
 
-    args = ["-p", "no:importpatch", "-p", "importpatch.pytest_plugin", "-p", "no:cacheprovider"]
+    args = ["-p", "no:importpatch", "-p", "importpatch.tools.pytest_plugin", "-p",
+            "no:cacheprovider"]
     checkout = Path(importpatch.__file__).resolve().is_relative_to(ROOT)
     if checkout:  # importpatch is not installed here: only the snippet's own process is patched
         monkeypatch.setenv("PYTHONPATH", str(ROOT))
@@ -161,5 +162,6 @@ def test_the_child_sees_the_environments_patches_and_an_unknown_name_fails(
     monkeypatch.delenv("IMPORTPATCH_ENABLE", raising=False)
     pytester.makepyfile(test_env=ENVIRONMENT_TESTS.format(target=str(target)))
     result = pytester.runpytest_subprocess("-p", "no:importpatch", "-p",
-                                           "importpatch.pytest_plugin", "-p", "no:cacheprovider")
+                                           "importpatch.tools.pytest_plugin", "-p",
+                                           "no:cacheprovider")
     result.assert_outcomes(passed=2)

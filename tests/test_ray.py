@@ -5,7 +5,7 @@ Ray starts its workers from the raylet, whose environment is that of whoever sta
 ``runtime_env={"env_vars": ...}``. So the toggles reach a Ray worker either at its start (the
 ``.pth`` activates there) or, the vLLM way, after it started: vLLM's Ray executors set the
 driver's variables in each worker by RPC and then load the general plugins, whose
-``importpatch.vllm_plugin.activate`` patches already-imported targets in place.
+``importpatch.integrations.vllm_plugin.activate`` patches already-imported targets in place.
 
 Ray-only tests (marked ``ray``) need ``ray`` next to the installed wheel (tox env ``vllm``);
 ``test_vllm_*`` need vLLM too. Every cluster is on loopback and shut down by the test.
@@ -104,8 +104,8 @@ def probe():
 
 def late():
     """What vLLM's RayWorkerWrapper.init_worker does first: load the general plugins."""
-    import importpatch.vllm_plugin
-    importpatch.vllm_plugin.activate()
+    import importpatch.integrations.vllm_plugin
+    importpatch.integrations.vllm_plugin.activate()
 
 def result(obj):
     print("RESULT: " + json.dumps(obj), flush=True)
@@ -226,7 +226,7 @@ def lab(tmp_path: Path) -> Iterator[RayLab]:
 
 def test_ray_node_is_read_from_a_ray_workers_argv_only() -> None:
     # No ray needed: the status command reads the node from the argv recorded in the events.
-    from importpatch.cli import ray_node
+    from importpatch.tools.cli import ray_node
 
     worker = ["/venv/bin/python3.11", "/venv/lib/python3.11/site-packages/ray/_private/workers/"
               "default_worker.py", "--node-ip-address=10.0.0.7", "--node-manager-port=41234",

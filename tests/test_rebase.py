@@ -22,7 +22,8 @@ from conftest import ROOT, clean_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from importpatch import diffs, rebase, releases
+from importpatch.rewrite import diffs
+from importpatch.tools import rebase, releases
 
 
 def _script(name: str) -> Any:
@@ -214,9 +215,11 @@ def test_rebase_refuses_python_patches_and_unknown_bases(
 
 
 def test_rebase_and_releases_are_not_on_the_import_path() -> None:
-    code = ("import sys, importpatch, importpatch.cli, importpatch._boot, importpatch.finder; "
-            "print(sorted(m for m in ('merge3', 'importpatch.rebase', 'importpatch.authoring', "
-            "'importpatch.releases') if m in sys.modules))")
+    code = ("import sys, importpatch, importpatch.tools.cli, importpatch._boot, importpatch.load"
+            ".finder; "
+            "print(sorted(m for m in ('merge3', 'importpatch.tools.rebase', 'importpatch.tools"
+            ".authoring', "
+            "'importpatch.tools.releases') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=clean_env(), check=True)
     assert out.stdout.strip() == "[]"
@@ -440,8 +443,8 @@ SCHED = "vllm/v1/core/sched/scheduler.py"
 
 @pytest.fixture(scope="module")
 def wheels(request: pytest.FixtureRequest) -> dict[str, str]:
-    """The two wheels, downloaded from the index by importpatch.releases the first time (~130 MB
-    each) into ``$IP_TESTS_RELEASES`` (tox: ``.tox/releases``, shared by every env of the
+    """The two wheels, downloaded from the index by importpatch.tools.releases the first time (~130
+    MB each) into ``$IP_TESTS_RELEASES`` (tox: ``.tox/releases``, shared by every env of the
     checkout), else pytest's own cache folder (``.pytest_cache/d/releases``; ``pytest
     --cache-clear`` empties it); kept between runs, and never the real ~/.cache."""
     folder = os.environ.get("IP_TESTS_RELEASES") or str(request.config.cache.mkdir("releases"))

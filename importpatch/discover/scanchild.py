@@ -1,0 +1,164 @@
+"""Discovery under a time limit (catalog.scan_bounded): the declarations run in a child Python
+process (the same interpreter, site and search path) that reports each declaration as it begins
+and ends, then sends what it found. Imported only where the index is rebuilt: the warm path never
+loads this module.
+
+The child runs ``catalog.scan_for_parent``, which drives the scan with the helpers below
+(``child_start``, ``child_progress``, ``child_done``): this module never imports the catalog.
+
+The parent blames the declaration that was running when the limit passed (or when the child
+ended without a result), kills the child, and scan_bounded starts it again with that source
+recorded broken and not executed. The child never outlives the parent (it reads a pipe the parent
+holds open, and exits at its end) and ignores SIGINT (the parent decides what a Ctrl-C does).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+import time
+
+from importpatch import config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from typing import Any
+
+    # What the child found: entries (as tuples), watched files, entry points, imported_by.
+    Found = tuple[list[tuple[Any, ...]], list[str], int, dict[str, str]]
+
+
+def _frame(obj: Any) -> bytes:
+    data = marshal.dumps(obj)
+    return len(data).to_bytes(4, "big") + data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def scan_in_child(
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None,
+    skipped: dict[str, str], limit: float, watch: AbstractContextManager[Any],
+) -> Found | tuple[str | None, str] | None:
+    """The scan's result from a child process; or (the source to blame or None, what happened);
+    or None when no child could be started. ``watch``: held while waiting (the catalog's Ctrl-C
+    watch)."""
+    import select
+    import subprocess
+
+    env = dict(os.environ)
+    env[config.SCANNER] = "1"
+    env[config.DISCOVERING] = str(os.getpid())
+    request = _frame((folders, dirs, user_site, skipped, list(sys.path)))
+    to_child, from_parent = None, None
+    try:
+        from_parent, to_child = os.pipe()
+        from_child, to_parent = os.pipe()
+    except OSError:
+        for fd in (from_parent, to_child):
+            if fd is not None:
+                os.close(fd)
+        return None
+    # The catalog is this module's sibling (named so, the code string needs no import of it).
+    code = f"import {__package__}.catalog as c; c.scan_for_parent({from_parent}, {to_parent})"
+    flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
+                             ("-s", sys.flags.no_user_site)) if on]
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, *flags, "-c", code], env=env, stdin=subprocess.DEVNULL,
+            pass_fds=(from_parent, to_parent), close_fds=True)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        for fd in (from_parent, to_child, from_child, to_parent):
+            os.close(fd)
+        return None
+    os.close(from_parent)
+    os.close(to_parent)
+    stack: list[str] = []
+    buf = b""
+    heard = False  # the child said hello: it runs importpatch (else scan here, as before)
+    try:
+        with watch:  # a real Ctrl-C while we wait stops this process (see _boot)
+            _write_all(to_child, request)
+            deadline = time.monotonic() + limit
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if not heard:
+                        return None
+                    return (stack[0] if stack else None, f"ran longer than {limit:g} s")
+                if not select.select([from_child], [], [], left)[0]:
+                    continue
+                chunk = os.read(from_child, 1 << 16)
+                if not chunk:
+                    if not heard:
+                        return None
+                    code_ = proc.wait()
+                    return (stack[0] if stack else None, f"ended the process (exit {code_})")
+                buf += chunk
+                while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+                    size = int.from_bytes(buf[:4], "big")
+                    msg, buf = marshal.loads(buf[4:4 + size]), buf[4 + size:]
+                    if msg[0] == "hello":
+                        heard = True
+                    elif msg[0] == "begin":
+                        stack.append(msg[1])
+                    elif msg[0] == "end":
+                        if stack:
+                            stack.pop()
+                    else:
+                        rows, watched, entry_points, imported_by = msg[1:]
+                        return (list(rows), list(watched), entry_points, dict(imported_by))
+                    deadline = time.monotonic() + limit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        os.close(to_child)
+        os.close(from_child)
+
+
+def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
+    """The child's side of ``scan_in_child``, up to the scan (``catalog.scan_for_parent`` runs
+    it): ignore SIGINT, read the request, take the parent's search path, say hello, and exit when
+    the parent is gone. Returns (folders, dirs, user_site, skipped)."""
+    import _signal  # type: ignore[import-not-found]
+    import threading
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # the parent decides what a Ctrl-C does
+    buf = b""
+    while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+        chunk = os.read(from_parent, 1 << 16)
+        if not chunk:
+            os._exit(2)
+        buf += chunk
+    folders, dirs, user_site, skipped, path = marshal.loads(buf[4:])
+    sys.path[:] = path
+    _write_all(to_parent, _frame(("hello",)))
+
+    def orphaned() -> None:  # the parent is gone (killed): never outlive it
+        while os.read(from_parent, 1 << 16):
+            pass
+        os._exit(3)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    return folders, dirs, user_site, skipped
+
+
+def child_progress(to_parent: int, kind: str, source: str) -> None:
+    """Tell the parent a declaration begins or ends (whom to blame when the limit passes)."""
+    _write_all(to_parent, _frame((kind, source)))
+
+
+def child_done(to_parent: int, result: tuple[Any, ...]) -> None:
+    """Send the scan's result (entries as tuples, watched, entry points, imported_by); exit."""
+    import contextlib
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # patch code may have closed or replaced it
+            stream.flush()
+    _write_all(to_parent, _frame(("done", *result)))
+    os._exit(0)  # not the exit handlers or threads that patch code left behind

@@ -1,0 +1,5 @@
+"""Integrations with other systems: the blog-style ``VLLMPatch`` API (``compat``) and vLLM's
+``vllm.general_plugins`` entry point (``vllm_plugin``).
+
+Runs inside every patched process: cheap to import, never raises.
+"""

@@ -1,0 +1,738 @@
+"""Dry run: would each patch apply to a given copy of its target package? Nothing is imported.
+
+``importpatch check``, ``importpatch diff``, ``scripts/drift.py`` and the pytest helper
+``assert_applies_cleanly`` are built on ``run`` and ``packages.Source``.
+
+The packages are read through a ``Source`` (importpatch/tools/packages.py: the installed packages, a
+wheel, an sdist, a source tree, a site-packages folder or a release), without importing them.
+Module files are found the way the finder finds them: the first candidate module that exists
+wins. A requirement on a package the artifact does not hold is judged against this
+interpreter's environment.
+
+Per patch the outcome is one of:
+- ``ok``: every operation would apply;
+- ``fail``: the declaration does not load, a hunk does not fit, a symbol is missing (or, for
+  ``add``, already there), a module is missing while its package is there, or it conflicts with
+  another active (enabled or named) patch;
+- ``skip``: the version requirement does not hold, so the import hook would skip it;
+- ``absent``: no target package is in the source, so the hook would never see its modules;
+- ``already-applied``: nothing fails, but every hunk of a diff is already in the source (its new
+  side is where its old side was expected): the change is upstream. The import hook fails such a
+  patch (``on_error="warn"``: skips it) saying so; remove the patch or bound its Requires.
+An operation whose outcome cannot be told from the source (a class bound by an import, a name that
+may come from ``from x import *``) is ``warn`` and does not fail its patch.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from importpatch import config
+from importpatch.discover import catalog, declare
+from importpatch.discover.declare import (
+    ADD,
+    CHAIN_KINDS,
+    CODE_KINDS,
+    DIFF,
+    FIELD,
+    REPLACE,
+    SET,
+    SUBCLASS,
+    TRANSFORM,
+)
+from importpatch.load.selection import declared
+from importpatch.rewrite import diffs
+from importpatch.tools.packages import InstalledSource, Source, UsageError, open_source
+
+OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
+ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
+
+
+# -- Symbols in a module's source -----------------------------------------------------------------
+# Where a name is bound is answered by importpatch.rewrite.bindings, the analysis the loader uses
+# too, so this dry run and the real import agree (tests/test_properties.py checks it on generated
+# modules).
+
+
+@dataclasses.dataclass
+class SymbolResult:
+    qualname: str
+    found: bool
+    kind: str | None = None
+    line: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# -- Checking ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class HunkResult:
+    index: int
+    header: str
+    applied: bool  # it applies (an already-applied hunk does not)
+    expected: str | None = None
+    line: int | None = None
+    actual: str | None = None
+    nearest: int | None = None
+    nearest_score: float | None = None
+    detail: str = ""
+    verdict: str = "applies"  # "applies", "fails" or "already-applied"
+    kind: str | None = None  # why it fails: one of diffs' kinds (diffs.MISMATCH, ...)
+    fit: int | None = None  # the line of an exact fit the rules refuse, or of the new side
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class OpResult:
+    kind: str
+    target: str
+    status: str = OK
+    detail: str = ""
+    module: str | None = None
+    file: str | None = None
+    candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    hunks: list[HunkResult] | None = None
+    symbol: SymbolResult | None = None
+    order: int | None = None  # a wrap's or subclass's order
+    decorated: bool | None = None  # replace / wrap / subclass: on the decorated result
+    chain: dict[str, Any] | None = None  # a chain op of an active patch: activation.link
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PatchResult:
+    name: str
+    origin: str
+    source: str
+    enabled: bool
+    why: str
+    named: bool
+    requires: list[str]
+    requirement_ok: bool = True
+    requirement: str = ""
+    status: str = OK
+    on_error: str | None = None  # "fail" or "warn"; None when the declaration does not load
+    problems: list[str] = dataclasses.field(default_factory=list)
+    ops: list[OpResult] = dataclasses.field(default_factory=list)
+    # what its declaration does besides declaring (importpatch/tools/sideeffects.py); not a failure
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    base: str | None = None  # a diff patch's Base: header (the release it was made on)
+    suggestion: str = ""  # what to run when a diff does not fit but its base is known
+
+    @property
+    def active(self) -> bool:
+        return self.enabled or self.named
+
+    @property
+    def failing(self) -> bool:
+        """Whether this result makes ``check`` exit 1: every result is of a patch it checked, and
+        one fails when it does not apply (fail, already-applied); one you named also when the
+        import hook would not apply it here at all (skip, absent)."""
+        return self.status in (FAIL, ALREADY_APPLIED) or (self.named and self.status != OK)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["failing"] = self.failing
+        return out
+
+
+@dataclasses.dataclass
+class Report:
+    against: Source
+    patches: list[PatchResult]
+    conflicts: list[dict[str, Any]]
+    chains: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # What was checked: "named", "enabled" (the default) or "all" (--all); and the discovered
+    # patches left out (off here), which `--all` would check.
+    scope: str = "enabled"
+    unchecked: list[str] = dataclasses.field(default_factory=list)
+    # Problems with the choice itself (a patch folder that does not exist): exit status 1.
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.problems or any(p.failing for p in self.patches) else 0
+
+    def to_json(self) -> dict[str, Any]:
+        src = self.against
+        return {
+            "against": {"kind": src.kind, "path": src.path, "label": src.label,
+                        "dists": [{"name": d.name, "version": d.version} for d in src.dists]},
+            "patches": [p.to_json() for p in self.patches],
+            "conflicts": self.conflicts,
+            "chains": self.chains,
+            "scope": self.scope,
+            "unchecked": self.unchecked,
+            "problems": self.problems,
+            "exit_status": self.exit_status,
+        }
+
+
+class _Checker:
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self._trees: dict[str, ast.Module | None] = {}
+        self._env: InstalledSource | None = None
+
+    def version_of(self, name: str) -> str | None:
+        if self.source.provides(name):
+            return self.source.version(name)
+        if self._env is None:
+            self._env = InstalledSource()
+        return self._env.version(name)
+
+    def tree(self, file: str) -> ast.Module | None:
+        if file not in self._trees:
+            try:
+                self._trees[file] = ast.parse(self.source.text(file))
+            except SyntaxError:
+                self._trees[file] = None
+        return self._trees[file]
+
+    def resolve(self, op: declare.Op, result: OpResult) -> bool:
+        """Fill in which candidate module wins; False when none exists."""
+        for module in op.modules:
+            file = self.source.find(module)
+            result.candidates.append({"module": module, "exists": file is not None})
+            if file is not None and result.module is None:
+                result.module, result.file = module, file
+        if result.module is not None:
+            return True
+        tried = ", ".join(op.modules)
+        if not any(self.source.has_package(m.partition(".")[0]) for m in op.modules):
+            result.status = ABSENT
+            tops = sorted({m.partition(".")[0] for m in op.modules})
+            result.detail = f"{' / '.join(tops)} is not in {self.source.label}"
+        else:
+            result.status = FAIL
+            result.detail = f"module not found (tried {tried})"
+            close = self.source.close_module(op.modules[-1])
+            if close:
+                result.detail += f"; did you mean {close}?"
+        return False
+
+    def op(self, op: declare.Op) -> OpResult:
+        result = OpResult(op.kind, op.target)
+        if op.kind in CHAIN_KINDS:
+            result.order, result.decorated = op.order, op.decorated
+        if not self.resolve(op, result):
+            return result
+        assert result.file is not None and result.module is not None
+        if op.kind == DIFF:
+            self.diff(op, result)
+        elif op.kind in (TRANSFORM, FIELD):
+            self.transform(op, result)
+        else:
+            self.symbol(op, result)
+        return result
+
+    def diff(self, op: declare.Op, result: OpResult) -> None:
+        assert op.file_patch is not None and result.file is not None
+        assert result.module is not None
+        fp, text = op.file_patch, self.source.text(result.file)
+        hunks = [HunkResult(i, h.header, True) for i, h in enumerate(fp.hunks, 1)]
+        result.hunks = hunks
+        try:
+            diffs.apply(text, fp)
+            result.detail = f"{len(hunks)} hunk(s) apply"
+            return
+        except diffs.DiffError as exc:  # a hunk without context (declare refuses those first)
+            result.status, result.detail = FAIL, str(exc)
+            return
+        except diffs.HunkMismatch as exc:
+            mismatch = exc
+        # diffs.apply names every failing hunk of the file, as the import hook's error does.
+        for m in mismatch.failures:
+            h = hunks[m.hunk_index - 1]
+            h.applied = False
+            h.verdict = ALREADY_APPLIED if m.kind == ALREADY_APPLIED else "fails"
+            h.kind, h.fit = m.kind, m.fit
+            h.expected, h.line, h.actual = m.expected, m.line, m.actual
+            h.nearest, h.nearest_score, h.detail = m.nearest, m.nearest_score, m.describe()
+        top = result.module.partition(".")[0]
+        version = f"{top} {self.version_of(top) or 'version unknown'}"
+        if mismatch.all_applied:
+            result.status, result.detail = ALREADY_APPLIED, mismatch.message(version)
+            return
+        failed = [h.index for h in hunks if not h.applied]
+        upstream = [h.index for h in hunks if h.verdict == ALREADY_APPLIED]
+        result.status = FAIL
+        result.detail = (
+            f"{len(failed)} of {len(hunks)} hunk(s) do not apply "
+            f"(#{', #'.join(str(i) for i in failed)})"
+        )
+        if upstream:
+            result.detail += (
+                f"; #{', #'.join(str(i) for i in upstream)} already applied in this version "
+                f"({version}) and the others not: the change is partly upstream"
+            )
+
+    def transform(self, op: declare.Op, result: OpResult) -> None:
+        from importpatch.errors import PatchError
+        from importpatch.rewrite import transforms
+
+        assert result.file is not None and result.module is not None
+        try:
+            transforms.patch_text(result.module, result.file, self.source.text(result.file), [op])
+        except PatchError as exc:
+            result.status, result.detail = FAIL, exc.what
+            return
+        if op.kind == FIELD:
+            from importpatch.rewrite.fields import describe
+
+            result.detail = describe(op, result.module)
+        else:
+            result.detail = "the transform runs and its result compiles"
+
+    def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None) -> None:
+        """``tree``: the module as the import analyses it, after code changes (default: the
+        source as it is)."""
+        from importpatch.rewrite import bindings
+
+        assert result.file is not None and op.qualname is not None
+        tree = tree if tree is not None else self.tree(result.file)
+        if tree is None:
+            result.status, result.detail = FAIL, "the module's source does not parse"
+            return
+        v = bindings.verdict(tree, op.qualname, add=op.kind == ADD)
+        b = v.binding
+        found = v.state in (bindings.BOUND, bindings.MAYBE, bindings.REFUSED)
+        result.symbol = SymbolResult(op.qualname, found, b.kind if b else None,
+                                     b.line if b else None)
+        where = f"{b.kind} at line {b.line}" if b else ""
+        why = f" ({v.why})" if v.why else ""
+        owner = op.qualname.rpartition(".")[0]
+        owner_problem = _owner_problem(tree, owner) if op.kind in (ADD, SET) else None
+        if op.kind == ADD:
+            if owner_problem:
+                result.status, result.detail = owner_problem
+            elif v.state == bindings.BOUND:
+                result.status = FAIL
+                result.detail = f"{op.qualname} already exists ({where}); use replace"
+            elif owner and _is_plain_value(op.obj) and (why_fields := _collects_fields(
+                    tree, owner)):
+                result.status = WARN
+                result.detail = (
+                    f"{why_fields}: its fields are collected when the class is built, and add "
+                    "sets the attribute afterwards (a class attribute, not a field); to add a "
+                    f"field use patch.field({op.target!r}, annotation, default)")
+            elif v.state == bindings.ABSENT:
+                result.detail = f"{op.qualname} is free"
+            else:
+                result.status, result.detail = WARN, v.why
+        elif op.kind == SET and v.state != bindings.BOUND:
+            # set replaces or adds (setattr, importpatch.integrations.compat): only the owner class
+            # must be there
+            if owner_problem:
+                result.status, result.detail = owner_problem
+            elif v.state == bindings.ABSENT:
+                result.detail = f"{op.qualname} is not there yet: set adds it"
+            else:
+                result.detail = f"set replaces or adds {op.qualname} ({v.why})"
+        elif v.state == bindings.REFUSED:
+            result.status, result.detail = FAIL, v.why
+        elif (not_class := self._class_problem(op, v)):
+            result.status, result.detail = FAIL, not_class
+        elif v.state == bindings.BOUND:
+            result.detail = f"found: {where}"
+        elif v.state == bindings.ABSENT:
+            result.status, result.detail = FAIL, f"{op.qualname} not found in {result.module}{why}"
+            hint = ""
+            if "." in op.qualname and not v.why and result.module and result.file:
+                hint = self._inherited(tree, result.module, result.file, op.qualname)
+                result.detail += f": {hint}" if hint else ""
+            close = "" if hint else _close_symbol(tree, op.qualname)
+            if close:
+                result.detail += f"; did you mean {close}?"
+        else:
+            result.status, result.detail = WARN, v.why
+
+    @staticmethod
+    def _class_problem(op: declare.Op, v: Any) -> str:
+        """Why a replace or subclass cannot apply to what the source binds (the import hook
+        refuses the same): a non-class in place of a class, a subclass of a function."""
+        from importpatch.install.activation import not_a_class
+        from importpatch.rewrite import bindings
+
+        b = v.binding
+        if b is None or v.state not in (bindings.BOUND, bindings.MAYBE) or op.qualname is None:
+            return ""
+        cls = b.node if isinstance(b.node, ast.ClassDef) and b.kind == "class" else None
+        if op.kind == REPLACE and cls is not None and not b.derived and (
+                op.original or not isinstance(op.obj, type)):
+            return not_a_class(op.qualname, op)
+        if op.kind == SUBCLASS and b.kind == "def":
+            return (f"subclass {op.qualname}: it is a function (def at line {b.line}), not a "
+                    "class (replace or wrap it)")
+        return ""
+
+    def _inherited(self, tree: ast.Module, module: str, file: str, qual: str) -> str:
+        """``bindings.inherited_advice`` when a base class of the owner defines the member."""
+        from importpatch.rewrite import bindings
+
+        def load(name: str) -> tuple[ast.Module, bool] | None:
+            found = self.source.find(name)
+            mtree = self.tree(found) if found is not None else None
+            if found is None or mtree is None:
+                return None
+            return mtree, os.path.basename(found) == "__init__.py"
+
+        package = module if os.path.basename(file) == "__init__.py" else module.rpartition(".")[0]
+        try:
+            where = bindings.inherited_from(tree, module, package, qual, load)
+        except Exception:  # a hint only
+            return ""
+        return bindings.inherited_advice(module, qual, where) if where else ""
+
+
+def _close_symbol(tree: ast.Module, qualname: str) -> str:
+    """The name the module (or the class the qualname goes through) binds closest to
+    ``qualname``'s missing part (difflib), as a qualname; "" when none is close."""
+    import difflib
+
+    body: list[ast.stmt] = tree.body
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        names = _bound_names(body)
+        if part not in names:
+            close = difflib.get_close_matches(part, sorted(names), n=1)
+            return ".".join([*parts[:i], close[0]]) if close else ""
+        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if cls is None:
+            return ""
+        body = cls.body
+    return ""
+
+
+def _bound_names(body: list[ast.stmt]) -> dict[str, None]:
+    """Names the statements of ``body`` bind at their own level (defs, classes, assignments,
+    imports), nested blocks (if / try / with) included."""
+    out: dict[str, None] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = None
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                out.update((n.id, None) for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update(((a.asname or a.name).partition(".")[0], None) for a in node.names)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and not isinstance(node, (
+                    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.update(_bound_names([n for n in inner if isinstance(n, ast.stmt)]))
+                for h in inner:
+                    if isinstance(h, ast.ExceptHandler):
+                        out.update(_bound_names(h.body))
+    return out
+
+
+def _is_plain_value(obj: Any) -> bool:
+    """An added value that is neither a function nor a descriptor nor a class (a would-be
+    field), as opposed to a method a class can take after it was built."""
+    return not (callable(obj) or hasattr(type(obj), "__get__"))
+
+
+def _owner_problem(tree: ast.Module, owner: str) -> tuple[str, str] | None:
+    """(status, detail) when the class an add / set goes into is missing or not surely bound."""
+    from importpatch.rewrite import bindings
+
+    owner_v = bindings.verdict(tree, owner) if owner else None
+    if owner_v is not None and owner_v.state == bindings.ABSENT:
+        return FAIL, f"class {owner} not found"
+    if owner_v is not None and owner_v.state != bindings.BOUND:
+        return WARN, owner_v.why
+    return None
+
+
+def _collects_fields(tree: ast.Module, owner: str) -> str:
+    from importpatch.rewrite.bindings import class_nodes, collects_fields
+
+    return next((why for cls in class_nodes(tree, owner) if (why := collects_fields(tree, cls))),
+                "")
+
+
+def run(
+    names: Sequence[str] = (),
+    against: str | None = None,
+    environ: dict[str, str] | None = None,
+    *,
+    source: Source | None = None,
+    every: bool = False,
+) -> Report:
+    """Check patches against ``against``: the named ones; else (``every``) every discovered
+    one; else those on here (the environment's toggles: IMPORTPATCH_ENABLE, defaults), and a
+    name in IMPORTPATCH_ENABLE that no patch has, as a failure."""
+    from importpatch.tools.sideeffects import watching
+
+    if names and every:
+        raise UsageError("patch names and --all", "give patch names, or --all for every one")
+    with watching() as watcher:
+        return _run(names, against, environ, source, watcher, every)
+
+
+def _run(
+    names: Sequence[str], against: str | None, environ: dict[str, str] | None,
+    source: Source | None, watcher: Any, every: bool = False,
+) -> Report:
+    from importpatch import _boot
+
+    toggles = config.read(os.environ if environ is None else environ)
+    entries = catalog.load(toggles) + _boot.api_entries()
+    known = {e.name for e in entries}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(
+            f"unknown patch name(s): {', '.join(unknown)}" + did_you_mean(unknown, known),
+            f"known: {', '.join(sorted(known)) or '(none)'}; see 'importpatch list'",
+        )
+    src = source if source is not None else open_source(against)
+    checker = _Checker(src)
+    scope = "named" if names else "all" if every else "enabled"
+    chosen = [e for e in entries if (e.name in names if names else
+                                     every or toggles.decide_entry(e)[0])]
+    sources_of: dict[str, list[str]] = {}
+    for e in entries:
+        sources_of.setdefault(e.name, []).append(e.source)
+    results: list[PatchResult] = []
+    patch_ops: dict[str, list[tuple[declare.Op, OpResult]]] = {}
+    for entry in chosen:
+        result, pairs = _check_entry(entry, toggles, names, checker, sources_of[entry.name])
+        result.warnings = watcher.warnings(entry.source, entry.file or _module_file(entry))
+        results.append(result)
+        patch_ops[entry.name] = pairs
+    _after_code_changes(results, patch_ops, checker)
+    conflicts = _conflicts(results, patch_ops, src)
+    active = [(op, res.module) for r in results if r.active
+              for op, res in patch_ops[r.name] if res.module is not None]
+    link_of: dict[int, dict[str, Any]] = {}
+    chains = chains_of(active, link_of)
+    for r in results:
+        for op, res in patch_ops[r.name]:
+            res.chain = link_of.get(id(op))
+    if not names:  # a name in IMPORTPATCH_ENABLE that no patch has cannot apply: it fails
+        for name in sorted(toggles.enable - known):
+            results.append(PatchResult(
+                name, "unknown", "", True, f"named in {config.ENABLE}", False, [], status=FAIL,
+                problems=["no patch of this name is discovered here"
+                          + did_you_mean([name], known)]))
+    unchecked = sorted({e.name for e in entries} - {e.name for e in chosen})
+    return Report(src, results, conflicts, chains, scope, unchecked,
+                  list(toggles.choice_problems))
+
+
+def did_you_mean(names: Sequence[str], known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` with the known names closest to ``names`` (difflib), or ""."""
+    import difflib
+
+    pool = sorted(known)
+    close = [c for n in names for c in difflib.get_close_matches(n, pool, n=1)]
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def chains_of(ops: Iterable[tuple[declare.Op, str]],
+              link_of: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per target (module, qualname) of replace and wrap operations, the effective chain,
+    innermost first (``activation.chain``, the order the loader applies them in):
+    ``[{"target", "module", "qualname", "links": [activation.link]}]``, and each op's link in
+    ``link_of`` (by id). Used by ``check`` and ``list``."""
+    from importpatch.install.activation import chain, link
+
+    groups: dict[tuple[str, str], list[declare.Op]] = {}
+    for op, module in ops:
+        if op.kind in CHAIN_KINDS and op.qualname:
+            groups.setdefault((module, op.qualname), []).append(op)
+    out = []
+    for (module, qual), group in sorted(groups.items()):
+        ordered = chain(group)
+        links = [link(op, i, len(ordered)) for i, op in enumerate(ordered, 1)]
+        if link_of is not None:
+            link_of.update((id(op), lk) for op, lk in zip(ordered, links, strict=True))
+        out.append({"target": f"{module}:{qual}", "module": module, "qualname": qual,
+                    "links": links})
+    return out
+
+
+def _module_file(entry: Any) -> str | None:
+    """The file of an entry point's module, when it is imported (read for its imports)."""
+    module = str(entry.source).partition(" = ")[2].partition(":")[0].strip()
+    file = getattr(sys.modules.get(module), "__file__", None) if module else None
+    return file if isinstance(file, str) else None
+
+
+def _check_entry(
+    entry: Any,  # a catalog.Entry, whose fields mypy cannot see
+    toggles: config.Toggles,
+    names: Sequence[str],
+    checker: _Checker,
+    sources: list[str],
+) -> tuple[PatchResult, list[tuple[declare.Op, OpResult]]]:
+    enabled, why = toggles.decide_entry(entry)
+    result = PatchResult(
+        entry.name, entry.origin, entry.source, enabled, why, entry.name in names,
+        list(entry.requires or ()),
+    )
+    if len(sources) > 1:
+        result.problems.append(f"the name {entry.name!r} is declared {len(sources)} times: "
+                               + ", ".join(sources))
+    if entry.error:
+        result.problems.append(f"the declaration does not load: {entry.error}")
+        result.status = FAIL
+        return result, []
+    src = checker.source
+    loaded = declared(entry, checker.version_of, None if src.kind == "installed" else (
+        f"{src.kind} {os.path.basename(src.path or '')}" if src.kind in ("wheel", "sdist")
+        else f"{src.kind} {src.path}"))
+    if loaded.patch is None:
+        result.problems.append(f"the declaration does not load: {loaded.error}")
+        result.status = FAIL
+        return result, []
+    patch = loaded.patch
+    result.on_error = patch.on_error
+    result.requirement_ok, result.requirement = loaded.ok, loaded.why
+    pairs = [(op, checker.op(op)) for op in patch.ops]
+    # importpatch.integrations.compat: a target given as an object
+    advise = getattr(patch, "advice", None)
+    for op, res in pairs:
+        note = advise(op) if advise is not None else None
+        if note:
+            res.status = WARN if res.status == OK else res.status
+            res.detail = f"{res.detail}; {note}" if res.detail else note
+    _whole_diff(pairs)
+    result.ops = [r for _, r in pairs]
+    result.status = _status(result)
+    result.base = patch.base
+    if patch.base and any(r.kind == DIFF and r.status == FAIL for r in result.ops):
+        src = checker.source
+        where = "installed" if src.kind == "installed" else src.path
+        result.suggestion = (f"importpatch rebase {entry.name} --to {where} (3-way merge from "
+                             f"its base, {patch.base})")
+    return result, pairs
+
+
+def _whole_diff(pairs: list[tuple[declare.Op, OpResult]]) -> None:
+    """A diff lands whole or not at all (finder.WholeDiff): when a file of it does not apply
+    (or its module is not there), the files that do are not patched at import either."""
+    diff_results = [r for op, r in pairs if op.kind == DIFF]
+    bad = [r for r in diff_results if r.status in (FAIL, ALREADY_APPLIED)]
+    if not bad:
+        return
+    which = bad[0].module or bad[0].target
+    for r in diff_results:
+        if r.status == OK:
+            r.status = FAIL
+            r.detail += (f"; but not patched at import: the diff lands whole or not at all, "
+                         f"and its change to {which} does not apply")
+
+
+def _status(result: PatchResult) -> str:
+    if result.problems:
+        return FAIL
+    if not result.requirement_ok:
+        return SKIP
+    if any(op.status == FAIL for op in result.ops):
+        return FAIL
+    if any(op.status == ALREADY_APPLIED for op in result.ops):
+        return ALREADY_APPLIED
+    if result.ops and all(op.status == ABSENT for op in result.ops):
+        return ABSENT
+    return OK
+
+
+def _after_code_changes(
+    results: list[PatchResult], patch_ops: dict[str, list[tuple[declare.Op, OpResult]]],
+    checker: _Checker,
+) -> None:
+    """Replace / wrap / add / set of active patches, judged again on the module as the import
+    hook analyses it: after every active code change (diff, transform, field) to that module.
+    A diff that renames ``f`` fails a replace of ``f``; one that defines ``g`` fails an add of
+    ``g`` — at import, so here too."""
+    from importpatch.errors import PatchError
+    from importpatch.rewrite import transforms
+
+    active = [r for r in results if r.active and r.status in (OK, WARN)]
+    code: dict[tuple[str, str], list[declare.Op]] = {}
+    for r in active:
+        for op, res in patch_ops[r.name]:
+            if op.kind in CODE_KINDS and res.status == OK and res.module and res.file:
+                code.setdefault((res.module, res.file), []).append(op)
+    for (module, file), ops in code.items():
+        try:
+            tree = ast.parse(transforms.patch_text(module, file, checker.source.text(file), ops))
+        except (PatchError, SyntaxError):
+            continue  # code changes that do not stack: a conflict of their own (_conflicts)
+        by = ", ".join(sorted({op.patch.name for op in ops}))
+        for r in active:
+            changed = False
+            for op, res in patch_ops[r.name]:
+                if op.kind not in (*CHAIN_KINDS, ADD, SET) or (res.module, res.file) != (
+                        module, file) or res.status not in (OK, WARN):
+                    continue
+                again = OpResult(op.kind, op.target, module=module, file=file)
+                checker.symbol(op, again, tree)
+                if again.status == FAIL:
+                    res.status, res.symbol = FAIL, again.symbol
+                    res.detail = f"after the code changes of {by}: {again.detail}"
+                    changed = True
+            if changed:
+                r.status = _status(r)
+
+
+def _conflicts(
+    results: list[PatchResult], patch_ops: dict[str, list[tuple[declare.Op, OpResult]]],
+    source: Source,
+) -> list[dict[str, Any]]:
+    """Active patches that replace one symbol, or whose code changes do not stack on a module."""
+    active = [r for r in results if r.active and r.status == OK]
+    replacing: dict[tuple[str, str, bool], list[str]] = {}
+    code_ops: dict[tuple[str, str], list[declare.Op]] = {}
+    for r in active:
+        for op, res in patch_ops[r.name]:
+            if res.module is None or res.file is None:
+                continue
+            if op.kind in (REPLACE, SET) and op.qualname:
+                key = (res.module, op.qualname, op.decorated)
+                replacing.setdefault(key, []).append(r.name)
+            elif op.kind in CODE_KINDS:
+                code_ops.setdefault((res.module, res.file), []).append(op)
+    conflicts: list[dict[str, Any]] = []
+    for (module, qual, _), names in replacing.items():
+        unique = sorted(set(names))
+        if len(unique) > 1:
+            conflicts.append({
+                "kind": "replace", "module": module, "qualname": qual, "patches": unique,
+                "detail": f"{' and '.join(unique)} both replace {module}:{qual}",
+            })
+    for (module, file), ops in code_ops.items():
+        if len({op.patch.name for op in ops}) < 2:
+            continue
+        from importpatch.errors import PatchError
+        from importpatch.rewrite import transforms
+
+        try:
+            transforms.patch_text(module, file, source.text(file), ops)
+        except PatchError as exc:
+            names = sorted({op.patch.name for op in ops})
+            conflicts.append({
+                "kind": "stacking", "module": module, "qualname": None, "patches": names,
+                "detail": f"each applies alone, but not together ({exc.patch}: {exc.what})",
+            })
+    by_name = {r.name: r for r in results}
+    for c in conflicts:
+        for name in c["patches"]:
+            by_name[name].problems.append(f"conflict: {c['detail']}")
+            by_name[name].status = FAIL
+    return conflicts

