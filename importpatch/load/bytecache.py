@@ -137,7 +137,7 @@ def producers_hash() -> bytes:
     global _producers
     if _producers is not None:
         return _producers
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
     for _ in range(__name__.count(".") - 1):  # this module's package up to importpatch/
         here = os.path.dirname(here)
     files = tuple(os.path.join(here, *f"{name}.py".split("/")) for name in PRODUCERS)
