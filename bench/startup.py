@@ -190,6 +190,15 @@ def run(scale: float = 1.0) -> list[Row]:
                        round(ten * 1e3, 2), round(scan * 1e3, 1), unit="ms"),
             ],
         ))
+        # The same two starts counted in instructions: load does not move them, so this row
+        # tells a change in the enabled start path from noise (the wall row above cannot).
+        i_none, i_ten = instructions(Path(py), base), instructions(Path(py), on)
+        if i_none and i_ten:
+            rows.append(Row(
+                f"same, instructions (valgrind callgrind, median of 3; {label})",
+                f"nothing enabled {i_none:,}", f"10 enabled {i_ten:,}",
+                f"{i_ten / i_none:.3f} (+{i_ten - i_none:,})", "report", None,
+            ))
         rows.append(Row(
             f"same, discovery cold: new cache folder every run ({label})",
             f"nothing enabled {ms(none)}", f"10 enabled {ms(none + ten_cold)}",
