@@ -236,6 +236,15 @@ def test_doctor_fails_on_what_cannot_apply_here_with_did_you_mean(lab: Lab) -> N
     assert human.returncode == 1 and human.stdout.rstrip().endswith("problem(s)")
 
 
+def test_a_mistyped_symbol_fails_at_import_with_did_you_mean(lab: Lab) -> None:
+    # The import-time error, not only check/doctor, names the symbol the module does bind.
+    proc = lab.run(READ, enable="toy-symbol")
+    assert proc.returncode == 1 and proc.stdout.split() == ["started"], proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]  # the PatchError
+    assert "symbol 'Scheduler.schedul' not found" in line and line.endswith(
+        "did you mean toypkg.sched.scheduler:Scheduler.schedule?"), line
+
+
 # -- check -----------------------------------------------------------------------------------------
 
 

@@ -174,6 +174,9 @@ class ModulePlan:
                 if not why and qual == op.qualname and "." in qual and op.kind in CHAIN_KINDS:
                     hint = inherited_hint(self.module, self.file, qual)
                     why = f": {hint}" if hint else ""
+                if not why:  # a typo: the name the module's source binds closest to it
+                    close = close_symbol(self.file, qual)
+                    why = f"; did you mean {self.module}:{close}?" if close else ""
                 return PatchError(
                     op.patch.name, self.module,
                     f"symbol {qual!r} not found (target {self.module}:{op.qualname}){why}",
@@ -653,6 +656,23 @@ def not_a_class(qual: str, op: Op) -> str:
             f"`class Sub({qual.rpartition('.')[2]})`, isinstance and class decorators; to build "
             f"on the original class use patch.subclass({op.target!r}), whose factory is called "
             "with the original and returns a subclass of it")
+
+
+def close_symbol(file: str | None, qual: str) -> str:
+    """The qualname closest to ``qual`` that the source file binds (``bindings.close_symbol``),
+    or "". Only on the way to an error: reads and parses the file then."""
+    import ast
+
+    from importpatch.rewrite import bindings
+    from importpatch.safefiles import decode_source
+
+    if not file or not file.endswith(".py"):
+        return ""
+    try:
+        with open(file, "rb") as f:
+            return bindings.close_symbol(ast.parse(decode_source(f.read())), qual)
+    except (OSError, SyntaxError, ValueError):
+        return ""
 
 
 def inherited_hint(module: str, file: str | None, qual: str) -> str:

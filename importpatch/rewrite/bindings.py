@@ -750,3 +750,46 @@ def collects_fields(tree: ast.Module, cls: ast.ClassDef, _seen: frozenset[str] =
                 if why:
                     return f"class {cls.name} derives from {name}: {why}"
     return ""
+
+
+def close_symbol(tree: ast.Module, qualname: str) -> str:
+    """The name the module (or the class the qualname goes through) binds closest to
+    ``qualname``'s missing part (difflib), as a qualname; "" when none is close."""
+    import difflib
+
+    body: list[ast.stmt] = tree.body
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        names = bound_names(body)
+        if part not in names:
+            close = difflib.get_close_matches(part, sorted(names), n=1)
+            return ".".join([*parts[:i], close[0]]) if close else ""
+        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+        if cls is None:
+            return ""
+        body = cls.body
+    return ""
+
+
+def bound_names(body: list[ast.stmt]) -> dict[str, None]:
+    """Names the statements of ``body`` bind at their own level (defs, classes, assignments,
+    imports), nested blocks (if / try / with) included."""
+    out: dict[str, None] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = None
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                out.update((n.id, None) for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update(((a.asname or a.name).partition(".")[0], None) for a in node.names)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and not isinstance(node, (
+                    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.update(bound_names([n for n in inner if isinstance(n, ast.stmt)]))
+                for h in inner:
+                    if isinstance(h, ast.ExceptHandler):
+                        out.update(bound_names(h.body))
+    return out

@@ -353,7 +353,7 @@ class _Checker:
             if "." in op.qualname and not v.why and result.module and result.file:
                 hint = self._inherited(tree, result.module, result.file, op.qualname)
                 result.detail += f": {hint}" if hint else ""
-            close = "" if hint else _close_symbol(tree, op.qualname)
+            close = "" if hint else bindings.close_symbol(tree, op.qualname)
             if close:
                 result.detail += f"; did you mean {close}?"
         else:
@@ -395,49 +395,6 @@ class _Checker:
         except Exception:  # a hint only
             return ""
         return bindings.inherited_advice(module, qual, where) if where else ""
-
-
-def _close_symbol(tree: ast.Module, qualname: str) -> str:
-    """The name the module (or the class the qualname goes through) binds closest to
-    ``qualname``'s missing part (difflib), as a qualname; "" when none is close."""
-    import difflib
-
-    body: list[ast.stmt] = tree.body
-    parts = qualname.split(".")
-    for i, part in enumerate(parts):
-        names = _bound_names(body)
-        if part not in names:
-            close = difflib.get_close_matches(part, sorted(names), n=1)
-            return ".".join([*parts[:i], close[0]]) if close else ""
-        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
-        if cls is None:
-            return ""
-        body = cls.body
-    return ""
-
-
-def _bound_names(body: list[ast.stmt]) -> dict[str, None]:
-    """Names the statements of ``body`` bind at their own level (defs, classes, assignments,
-    imports), nested blocks (if / try / with) included."""
-    out: dict[str, None] = {}
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out[node.name] = None
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                out.update((n.id, None) for n in ast.walk(t) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.update(((a.asname or a.name).partition(".")[0], None) for a in node.names)
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            inner = getattr(node, field, None)
-            if isinstance(inner, list) and not isinstance(node, (
-                    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                out.update(_bound_names([n for n in inner if isinstance(n, ast.stmt)]))
-                for h in inner:
-                    if isinstance(h, ast.ExceptHandler):
-                        out.update(_bound_names(h.body))
-    return out
 
 
 def _is_plain_value(obj: Any) -> bool:
