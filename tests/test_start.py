@@ -642,8 +642,12 @@ def test_real_ctrl_c_during_discovery_stops_python_and_writes_nothing(lab: Lab) 
     counter, ready = lab.root / "executions", lab.root / "ready"
     lab.patch({"slow.py": SLOW_DECLARATION.format(counter=str(counter), ready=str(ready))})
     env = clean_env({**lab.env("slow"), "SLOW_DECLARATION": "1"})
+    # As a terminal delivers Ctrl-C to its foreground process: SIGINT at its default even where
+    # this test runs in a background job (`cmd &` starts it with SIGINT ignored, and a Python
+    # started so keeps ignoring it).
     child = subprocess.Popen([str(lab.venv.python), "-c", READ], env=env, cwd=lab.root,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.05)
