@@ -664,13 +664,12 @@ def close_symbol(file: str | None, qual: str) -> str:
     import ast
 
     from importpatch.rewrite import bindings
-    from importpatch.safefiles import decode_source
+    from importpatch.safefiles import decode_source, read_regular
 
     if not file or not file.endswith(".py"):
         return ""
-    try:
-        with open(file, "rb") as f:
-            return bindings.close_symbol(ast.parse(decode_source(f.read())), qual)
+    try:  # read_regular: the project's FIFO-proof read, as everywhere else
+        return bindings.close_symbol(ast.parse(decode_source(read_regular(file))), qual)
     except (OSError, SyntaxError, ValueError):
         return ""
 
