@@ -268,6 +268,44 @@ def test_every_kind_of_patch_is_the_same_compiled_as_eager(lab: Path, backend: s
     assert "ClassWrapper" in refused and "__call__" in refused, refused
 
 
+CACHED_CHILD = '''\
+import json
+import torch
+from torch._dynamo.utils import counters
+from ctk import src
+
+y = torch.compile(src.diffed, fullgraph=True, backend="inductor")(torch.ones(2))
+print("RESULT " + json.dumps({"y": y.tolist(), "fx": dict(counters["inductor"]),
+                              "aot": dict(counters["aot_autograd"])}))
+'''
+
+
+def test_inductors_own_caches_are_keyed_on_the_patched_graph(lab: Path) -> None:
+    """torch's Inductor FX-graph cache and AOTAutograd cache (one TORCHINDUCTOR_CACHE_DIR through
+    patch off, on, off, on) are keyed on the traced graph: a patched function's graph is another
+    entry, never the unpatched one's (docs/triton.md, compile caches)."""
+    (lab / "cached_child.py").write_text(CACHED_CHILD)
+    shared = lab / "inductor-shared"
+    runs = []
+    for enable in ("", "compiled", "", "compiled"):
+        env = clean_env({
+            "PYTHONPATH": str(lab / "pkg"), "IMPORTPATCH_PATH": str(lab / "patches"),
+            "IMPORTPATCH_ENABLE": enable, "IMPORTPATCH_CACHE_DIR": str(lab / "cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(shared), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        })
+        proc = subprocess.run([sys.executable, str(lab / "cached_child.py")], env=env,
+                              capture_output=True, text=True, timeout=900, cwd=lab)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        runs.append(json.loads(line[len("RESULT "):]))
+    assert [r["y"] for r in runs] == [[2.0, 2.0], [5.0, 5.0], [2.0, 2.0], [5.0, 5.0]]
+    hits = [r["fx"].get("fxgraph_cache_hit", 0) + r["aot"].get("autograd_cache_hit", 0)
+            for r in runs]
+    assert hits[0] == hits[1] == 0, runs  # the patched graph is not the unpatched one's entry
+    assert hits[2] > 0 and hits[3] > 0, runs  # and each is found again: the caches are in use
+
+
 # -- Real vLLM: LLM() compiling the model (no enforce_eager) -----------------------------------
 
 VLLM_PATCH = '''\

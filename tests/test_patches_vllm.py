@@ -22,6 +22,7 @@ SHIPPED = [
     "vllm-triton-interpret-on-cpu",
     "example-vllm-triton-attention-temperature",
     "vllm-cpu-cli",
+    "vllm-compile-cache-key",
 ]
 
 

@@ -48,6 +48,7 @@ from importpatch.discover.declare import (
 from importpatch.load.selection import declared
 from importpatch.rewrite import diffs
 from importpatch.tools.packages import InstalledSource, Source, UsageError, open_source
+from importpatch.tools.sideeffects import compiled_warnings
 
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
 ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
@@ -468,7 +469,7 @@ def _run(
     patch_ops: dict[str, list[tuple[declare.Op, OpResult]]] = {}
     for entry in chosen:
         result, pairs = _check_entry(entry, toggles, names, checker, sources_of[entry.name])
-        result.warnings = watcher.warnings(entry.source, entry.file or _module_file(entry))
+        result.warnings[:0] = watcher.warnings(entry.source, entry.file or _module_file(entry))
         results.append(result)
         patch_ops[entry.name] = pairs
     _after_code_changes(results, patch_ops, checker)
@@ -561,6 +562,7 @@ def _check_entry(
     result.on_error = patch.on_error
     result.requirement_ok, result.requirement = loaded.ok, loaded.why
     pairs = [(op, checker.op(op)) for op in patch.ops]
+    result.warnings += compiled_warnings(patch.ops)  # calls that torch.compile cannot trace
     # importpatch.integrations.compat: a target given as an object
     advise = getattr(patch, "advice", None)
     for op, res in pairs:

@@ -1016,6 +1016,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from importpatch.discover import catalog
 
     default_on = sorted(e.name for e in catalog.load(toggles) if e.default)
+    compile_key = _compile_cache_key(toggles, catalog.load(toggles), warnings)
     if cache["problem"]:
         warnings.append(cache["problem"] + ": patched modules are compiled again in every process")
     ok = not problems
@@ -1025,7 +1026,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "pth": [{k: r[k] for k in ("dir", "pth", "current", "start")} for r in pth_rows],
             "pth_ran": pth_ran, "finder": {"active": active is not None, "patches": names,
                                            "why": why},
-            "env": env, "cache": cache, "default_on": default_on, "notes": notes,
+            "env": env, "cache": cache, "default_on": default_on,
+            "vllm_compile_cache_key": compile_key, "notes": notes,
             "warnings": warnings,
             "problems": problems, "ok": ok,
         })
@@ -1046,12 +1048,46 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lines.append(f"cache     {cache['root']}: {cache['problem'] or 'ok'} ({cache['files']} files, "
                  f"{_human(cache['bytes'])}; `importpatch cache` shows and prunes it)")
     lines.append("default   " + (", ".join(default_on) or "no patch is on by default here"))
+    if compile_key is not None:
+        lines.append(f"compile   vLLM's compile caches: {compile_key['says']}")
     lines += [f"note      {n}" for n in notes]
     lines += [f"{style.status('warn', 'warning')}   {w}" for w in warnings]
     lines += [f"{style.status('fail', 'problem')}   {p}" for p in problems]
     lines.append(f"doctor: {'ok' if ok else f'{len(problems)} problem(s)'}")
     emit(lines)
     return 0 if ok else 1
+
+
+def _compile_cache_key(toggles: Any, entries: list[Any], warnings: list[str]
+                       ) -> dict[str, Any] | None:
+    """What keys vLLM's compile caches in a vLLM process of this environment (None where vLLM is
+    not installed): the ``IMPORTPATCH_PATCHES`` factor the patches on here give, or a warning when
+    patches are on and ``vllm-compile-cache-key`` is not (a compiled model may then hide them)."""
+    from importlib.util import find_spec
+
+    from importpatch import versions
+    from importpatch.integrations import vllm_compile
+
+    if find_spec("vllm") is None:
+        return None
+    on = [e for e in entries if toggles.decide_entry(e)[0] and not e.error
+          and versions.check(e.requires)[0]]
+    keyed = any(e.name == vllm_compile.NAME for e in on)
+    value = vllm_compile.described(on) or None
+    if value is None:
+        says = "no patch on: vLLM's own key"
+    elif keyed:
+        import hashlib
+
+        key = hashlib.sha256(value.encode()).hexdigest()[:12]
+        says = f"keyed on the patches on (key {key}: {vllm_compile.FACTOR}={value})"
+    else:
+        says = "NOT keyed on the patches on"
+        warnings.append(
+            f"{vllm_compile.NAME} is off while patches are on: vLLM may load a model compiled "
+            "without them from its compile cache (turn it on, or set "
+            "VLLM_DISABLE_COMPILE_CACHE=1)")
+    return {"keyed": keyed, "factor": value, "says": says}
 
 
 def _cannot_apply_here(warnings: list[str]) -> list[str]:

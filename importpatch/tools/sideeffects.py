@@ -195,3 +195,108 @@ def watching() -> Iterator[Watcher]:
         yield watcher
     finally:
         _watcher = catalog.watcher = None
+
+
+# -- side effects in code that vLLM runs compiled ------------------------------------------------
+#
+# vLLM compiles its model's forward with torch.compile (``@support_torch_compile``): every module
+# of vllm/model_executor/models and /layers that the forward reaches is traced by Dynamo, and so is
+# a patch's replacement or wrap of a function there. Tensor code traces as it runs eagerly; a call
+# to the outside world does not: Dynamo stops on it (``Unsupported: Failed to trace builtin
+# operator open``: vLLM does not start compiled) or runs it once, at trace time, and never again
+# (a compiled artifact loaded from the cache never runs it). Code under ``if not
+# torch.compiler.is_compiling():`` is left out of the trace and is not reported.
+COMPILED_MODULES = ("vllm.model_executor.models.", "vllm.model_executor.layers.")
+_CALLS = {"open": "opens a file", "print": "prints", "input": "reads standard input",
+          "breakpoint": "stops in the debugger"}
+_MODULE_CALLS = {"time": "reads the clock", "os": "reads the environment or the file system",
+                 "logging": "logs", "subprocess": "starts a program", "socket": "uses the network",
+                 "random": "draws a Python random number", "json": "reads or writes JSON"}
+_LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}
+
+
+def runs_compiled(modules: Iterable[str]) -> bool:
+    """Whether a target in one of ``modules`` (candidates of one op) runs inside vLLM's compiled
+    model forward."""
+    return any(m.startswith(COMPILED_MODULES) for m in modules)
+
+
+def compiled_side_effects(fn: Any) -> list[tuple[int, str]]:
+    """(line, what) for each call in ``fn``'s body that does something other than compute: file,
+    print, clock, environment, logging. Code under a test of ``is_compiling()`` is skipped."""
+    import inspect
+    import textwrap
+
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return []
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _tests_compiling(node.test):
+            return  # both branches: one is left out of the trace, the other is the guard's own
+        if isinstance(node, ast.Call):
+            what = _call_effect(node.func)
+            if what:
+                found.append((first + node.lineno - 1, what))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for stmt in tree.body:
+        body = stmt.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) else [stmt]
+        for node in body:
+            visit(node)
+    return found
+
+
+def _call_effect(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return _CALLS.get(func.id, "")
+    if isinstance(func, ast.Attribute):
+        root = func.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name):
+            if root.id in _MODULE_CALLS:
+                return f"{_MODULE_CALLS[root.id]} ({ast.unparse(func)})"
+            if func.attr in _LOG_METHODS and "log" in root.id.lower():
+                return f"logs ({ast.unparse(func)})"
+            if root.id == "sys" and func.attr in ("write", "flush"):
+                return f"writes to a stream ({ast.unparse(func)})"
+    return ""
+
+
+def _tests_compiling(test: ast.expr) -> bool:
+    return any(isinstance(n, (ast.Attribute, ast.Name))
+               and (getattr(n, "attr", None) or getattr(n, "id", None)) in (
+                   "is_compiling", "is_dynamo_compiling", "is_torchdynamo_compiling")
+               for n in ast.walk(test))
+
+
+def compiled_warnings(ops: Iterable[Any]) -> list[str]:
+    """``check``'s warnings for the replacements and wraps of ``ops`` that run compiled."""
+    out = []
+    for op in ops:
+        if op.kind not in ("replace", "wrap", "add", "subclass") or not runs_compiled(op.modules):
+            continue
+        fn = op.obj
+        if isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__func__
+        if not callable(fn) or isinstance(fn, type):
+            continue
+        effects = compiled_side_effects(fn)
+        if not effects:
+            continue
+        file = getattr(getattr(fn, "__code__", None), "co_filename", "?")
+        shown = "; ".join(f"line {line}: {what}" for line, what in effects[:LISTED])
+        more = f"; and {len(effects) - LISTED} more" if len(effects) > LISTED else ""
+        out.append(
+            f"{op.target} runs inside vLLM's compiled model (torch.compile traces "
+            f"{op.modules[0]}), and the {op.kind} in {os.path.basename(file)} does more than "
+            f"compute: {shown}{more}. Dynamo cannot trace such a call (vLLM then fails to start "
+            "compiled) or runs it once, when it traces, never on later calls or from a cached "
+            "artifact: put it under `if not torch.compiler.is_compiling():`, or move it out of "
+            "the model's forward")
+    return out

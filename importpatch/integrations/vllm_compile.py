@@ -1,0 +1,148 @@
+"""vLLM's compile caches keyed on the patches that are on (the ``vllm-compile-cache-key`` patch).
+
+vLLM keeps what ``torch.compile`` made of a model between runs: the AOT artifact
+(``<VLLM_CACHE_ROOT>/torch_compile_cache/torch_aot_compile/<hash>``, torch >= 2.10) and the
+Inductor artifacts of the other path (``torch_compile_cache/<hash>``, ``VLLM_USE_AOT_COMPILE=0``).
+Both hashes start from ``vllm.envs.compile_factors()``, the factors of the environment, and
+neither knows what importpatch changed: an artifact compiled without a patch is loaded by a run
+with it ("Directly load AOT compilation", the patch silently absent from the model). vLLM's
+source check does not help: it re-reads only the files the artifact recorded, from disk, and a
+patch's code is in none of them (a source diff's text never is on disk).
+
+The built-in patch ``vllm-compile-cache-key`` (on by default where vLLM is installed) wraps
+``compile_factors`` to add one factor, ``IMPORTPATCH_PATCHES``: the name and a digest of the code
+of every other patch on in the process (``factor``). So
+- a run with a different set of patches, or a patch whose code changed, gets another folder and
+  compiles; the same set finds its folder again and loads it (no needless recompile);
+- with no patch on, nothing is added: the key is vLLM's own, and artifacts made before
+  importpatch was installed stay valid;
+- the factor is in vLLM's own record of the key (``cache_key_factors.json``) and in the process's
+  events (``importpatch status``: "compile cache key ..."); ``importpatch doctor`` prints the one
+  this environment gives.
+
+What a patch's digest covers (invariant: equal digests mean equal code, in every process):
+- a patch file (``.py``, ``.diff``, ``.patch``): its bytes, and for a ``.py`` its folder's helper
+  files (``_name``), which it may import;
+- a patch package's patch (entry point): every ``.py`` file of the package that defines it;
+- a ``Patch(...)`` made in the process: the source file of each operation's function;
+- a patch that failed or was skipped in this process so far counts as such (``!failed``), not as
+  the code it would have added: the artifact then records the model as it ran; one whose version
+  requirement does not hold here is not counted (it changes nothing).
+Patches are counted when they are on, whether or not their targets are imported yet: which
+modules a compiled model reaches is not known before it is traced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from importpatch.discover.catalog import Entry
+
+NAME = "vllm-compile-cache-key"  # the built-in patch that adds the factor (patches/)
+FACTOR = "IMPORTPATCH_PATCHES"
+_recorded: set[str] = set()
+
+
+def factor() -> str | None:
+    """``name=digest`` of every patch on in this process but this one, sorted, ``;``-joined;
+    None when there is none."""
+    from importpatch.load.finder import installed
+
+    active = installed()
+    if active is None:
+        return None
+    from importpatch import versions
+
+    entries = [e for e in active.entries if e.name != NAME and versions.check(e.requires)[0]]
+    if not entries:
+        return None
+    bad = _failed_here()
+    return ";".join(f"{e.name}={'!failed' if e.name in bad else entry_digest(e)}"
+                    for e in sorted(entries, key=lambda e: e.name))
+
+
+def with_factor(factors: dict[str, object]) -> dict[str, object]:
+    """vLLM's compile factors with ours added (``vllm.envs.compile_factors``, wrapped)."""
+    value = factor()
+    if value is None:
+        return factors
+    factors = dict(factors)
+    factors[FACTOR] = value
+    if value not in _recorded:  # once per distinct key per process: status shows it
+        _recorded.add(value)
+        from importpatch import events
+
+        key = hashlib.sha256(value.encode()).hexdigest()[:12]
+        events.record("info", NAME, "vllm.envs:compile_factors", "compile-cache-key",
+                      f"compile cache key {key}: {FACTOR}={value}", level=20)
+    return factors
+
+
+def entry_digest(entry: Entry) -> str:
+    """A short digest of what ``entry``'s patch is made of (see the module docstring)."""
+    h = hashlib.sha256()
+    for path in _code_files(entry):
+        h.update(path.encode("utf-8", "surrogateescape") + b"\0")
+        h.update(_read(path))
+    return h.hexdigest()[:16]
+
+
+def _code_files(entry: Entry) -> list[str]:
+    if entry.file:
+        files = [entry.file]
+        if entry.file.endswith(".py"):
+            from importpatch.discover.folders import helper_files
+
+            files += helper_files(os.path.dirname(entry.file))
+        return files
+    if entry.origin == "entry-point":  # "entry point NAME = module:attr"
+        module = entry.source.partition("=")[2].strip().partition(":")[0]
+        return _package_files(module.partition(".")[0])
+    patch = getattr(entry, "_patch", None)  # made with Patch(...) in this process
+    codes = (getattr(op.obj, "__code__", None) for op in getattr(patch, "ops", ()))
+    return sorted({code.co_filename for code in codes if code is not None})
+
+
+def _package_files(top: str) -> list[str]:
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec(top)  # a top-level name: finds, executes nothing
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if not spec.submodule_search_locations:
+        return [spec.origin] if spec.origin else []
+    out = []
+    for base in spec.submodule_search_locations:
+        for folder, dirs, files in os.walk(base):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            out += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
+    return out
+
+
+def _read(path: str) -> bytes:
+    from importpatch.safefiles import read_regular
+
+    try:
+        return read_regular(path)
+    except OSError:  # a folder among a folder's helpers, a file gone: named, not read
+        return b"\0unreadable"
+
+
+def _failed_here() -> set[str]:
+    from importpatch import events
+
+    return {e["patch"] for e in events.events() if e["outcome"] in ("failed", "skipped")}
+
+
+def described(entries: Iterable[Entry]) -> str:
+    """The factor ``entries`` (the patches on) give, for ``importpatch doctor``."""
+    return ";".join(f"{e.name}={entry_digest(e)}"
+                    for e in sorted(entries, key=lambda e: e.name) if e.name != NAME)
