@@ -1,6 +1,9 @@
 """importpatch: patch Python packages (vLLM first) as their modules are imported, in every process.
 
 Importing this package is cheap: the public names below load their modules on first use.
+
+(PYTEST_DONT_REWRITE: pytest marks the packages of its plugins' distributions for assertion
+rewriting, and the ``.pth`` start-up may have imported this one before pytest started.)
 """
 
 from __future__ import annotations

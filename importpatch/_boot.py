@@ -304,7 +304,28 @@ def activate(
 
 def enable(*names: str, environ: dict[str, str] | None = None) -> int:
     """``importpatch.enable()`` (see there): the patches named, by the environment and made with
-    ``Patch(...)`` in this process, on from now; returns the number of enabled patches."""
+    ``Patch(...)`` in this process, on from now; returns the number of enabled patches. Where
+    importpatch's own code cannot load (a reinstall in progress), it is the start's failure: one
+    warning, and the imports of what patches target fail closed (``_fail``); returns 0."""
+    try:
+        return _enable(*names, environ=environ)
+    except Exception as exc:
+        if not _own_failure(exc):
+            raise
+        _fail(exc)
+        return 0
+
+
+def _own_failure(exc: BaseException) -> bool:
+    """``errors.own_failure``, or True where that module itself is what cannot load."""
+    try:
+        from importpatch.errors import own_failure
+    except Exception:
+        return True
+    return own_failure(exc)
+
+
+def _enable(*names: str, environ: dict[str, str] | None = None) -> int:
     from importpatch import config
     from importpatch.discover.declare import iter_registry
     from importpatch.load.finder import installed

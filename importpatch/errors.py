@@ -41,7 +41,55 @@ def installed_version(module: str) -> str:
     mod = sys.modules.get(top)
     version = getattr(mod, "__version__", None)
     if not isinstance(version, str):
-        from importpatch.versions import distribution_version
-
+        try:
+            from importpatch.versions import distribution_version
+        except Exception:  # importpatch's own code damaged (a reinstall): the error still says it
+            return f"{top} version unknown"
         version = distribution_version(top)
     return f"{top} {version or 'version unknown'}"
+
+
+# -- importpatch's own code failing to load after the start ------------------------------------
+# A reinstall in progress (pip removes the old files, then writes the new ones) or a damaged
+# install can take away a module that importpatch imports lazily (its function-local imports keep
+# the start cheap). That must end in the designed failure, never in a raw ImportError from inside
+# importpatch or in a targeted module run unpatched: the finder's and the loader's entry points
+# (importpatch/load/finder.py: ``closed_error``) turn it into ``fails_closed``'s PatchError, and a
+# late activation (``importpatch.enable()``) into the start's failure (importpatch/_boot.py).
+
+
+def own_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is importpatch failing to load a module of its own (removed or cut short
+    by a reinstall in progress, a damaged install), not an error of a patch or of a target."""
+    if isinstance(exc, PatchError):
+        return False
+    if isinstance(exc, ImportError):
+        name = exc.name or ""
+        return (name == "importpatch" or name.startswith("importpatch.")) and not name.startswith(
+            "importpatch._declared")  # (the modules of patch files: a declaration's own error)
+    if isinstance(exc, SyntaxError):  # a file of importpatch cut short
+        import os
+
+        return (exc.filename or "").startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+    return False
+
+
+def fails_closed(exc: BaseException, patch: str, module: str, file: str | None) -> PatchError:
+    """The one error of a targeted import when importpatch's own code cannot load (recorded as a
+    failure where events can be)."""
+    what = (f"importpatch cannot load its own code ({type(exc).__name__}: {exc}): a reinstall "
+            "in progress or a damaged install; it fails closed rather than run the module "
+            "unpatched. Reinstall importpatch-hook (or let the install in progress finish), or "
+            "set IMPORTPATCH_OFF=1 to run without patches")
+    err = PatchError(patch, module, what, file=file)
+    try:
+        from importpatch import events
+
+        events.record("failed", patch, module, "import", what)
+    except Exception:
+        try:  # noqa: SIM105 (no contextlib on this path)
+            sys.stderr.write(f"importpatch: failed {patch} to {module} (import): {what}\n")
+        except Exception:
+            pass
+    err.recorded = True
+    return err

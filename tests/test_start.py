@@ -757,6 +757,60 @@ def test_patches_enabled_while_importpatch_cannot_load_fail_closed(
     assert proc.returncode == 0 and proc.stdout.strip() == "orig", proc.stderr
 
 
+@pytest.fixture(scope="module")
+def lazy_venv(venv_factory: Callable[..., Venv], built_wheel: Path) -> Venv:
+    """A venv of its own: the test below takes files of its importpatch away (and puts them
+    back)."""
+    return venv_factory(str(built_wheel), name="lazy-imports")
+
+
+# Modules of importpatch that a healthy enabled start does not load: each is imported lazily, on
+# the way to a targeted import (the finder's look-up, the loader, the compiled code's hooks, the
+# error and its version).
+LAZY = ["load/lookup.py", "load/bytecache.py", "load/selection.py", "install/activation.py",
+        "rewrite/bindings.py", "errors.py", "versions.py"]
+
+
+@pytest.mark.parametrize("module", LAZY)
+def test_a_module_of_importpatch_gone_after_a_healthy_start_fails_the_target_closed(
+    lazy_venv: Venv, tmp_path: Path, module: str
+) -> None:
+    # A reinstall in progress removes importpatch's files while processes that started healthy
+    # run (issue 30): their lazy imports of importpatch's own modules failed with raw tracebacks
+    # (`No module named 'importpatch.load.lookup'`, `cannot import name 'bytecache'`). The
+    # target's import must fail with the one clear message instead, and nothing run unpatched.
+    lab = Lab(lazy_venv, tmp_path).target(TARGET)
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    assert lab.ok(READ, enable="p").stdout.strip() == "patched"  # healthy (and the cache warm)
+    path = lazy_venv.site_packages / "importpatch" / module
+    try:
+        proc = lab.run(f"""
+            import os
+            path = {str(path)!r}
+            os.rename(path, path + ".gone")  # after the start: the finder is installed
+            try:
+                import tpkg.mod
+                print(tpkg.mod.f())
+            finally:
+                os.rename(path + ".gone", path)
+            """, enable="p")
+    finally:
+        if not path.exists():
+            path.with_name(path.name + ".gone").rename(path)
+    assert proc.returncode != 0 and proc.stdout == "", proc.stdout
+    last = proc.stderr.splitlines()[-1]
+    error = "ImportError" if module == "errors.py" else "importpatch.errors.PatchError"
+    assert last.startswith(f"{error}: importpatch: patch 'p' cannot apply to tpkg"), proc.stderr
+    assert "importpatch cannot load its own code" in last and "IMPORTPATCH_OFF=1" in last
+    name = module[:-3].replace("/", ".")
+    assert f"importpatch.{name}" in last or f"'{name.rpartition('.')[2]}'" in last, last
+    # Only that error: no raw ImportError from inside importpatch chained to it.
+    assert "During handling" not in proc.stderr and "direct cause" not in proc.stderr
+    assert not any(line.startswith(("ModuleNotFoundError", "ImportError: cannot import"))
+                   for line in proc.stderr.splitlines()), proc.stderr
+
+
 CULPRIT = {
     "culprit/__init__.py": "",
     "culprit/_util.py": "NAME = 'culprit-g'\n",

@@ -18,16 +18,26 @@ Invariants:
 - ``exec_module`` runs what ``get_code`` returns, and that code calls ``activation.begin``/``done``
   itself: a hook that wraps our ``get_code`` sees the patched code, ``python -m`` (runpy executes
   ``get_code()``) gets the same checks and events, and code that ran without them fails closed.
-- Other hooks on ``sys.meta_path`` compose: when one looks the module up again through
-  ``importlib.util.find_spec`` while we ask it (wrapt, ddtrace), our loader is made once, innermost,
-  under theirs; when a loader of another hook sits under ours, its ``exec_module`` runs (its
-  callbacks fire) with the file loader handing out our code.
+- Other hooks on ``sys.meta_path`` compose, whenever they were installed: the finder stays ahead
+  of every other finder (``MetaPath``: a finder inserted before it later goes behind it), asks
+  them in their order and wraps the loader the first one returns. When one looks the module up
+  again through ``importlib.util.find_spec`` while we ask it (wrapt, ddtrace), our loader is made
+  once, innermost, under theirs; when a loader of another hook sits under ours, its
+  ``exec_module`` runs (its callbacks fire) with the file loader handing out our code; a loader
+  that transforms the source (typeguard, beartype.claw, pytest's assertion rewriting) compiles
+  the patched module itself (importpatch/load/hooks.py); one that cannot be composed with is
+  named in a warning (under strict mode the import fails).
+- importpatch's own code failing to load after the start (a module of it removed by a reinstall
+  in progress, a damaged install) fails the targeted import with one ``PatchError`` saying so
+  (``closed_error``), raised by the finder's and the loader's entry points: never a raw
+  ``ImportError`` from inside importpatch, never a targeted module run unpatched.
 - importlib's per-module lock serialises concurrent imports of one module, so a module is
   patched exactly once however many threads import it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 TYPE_CHECKING = False
@@ -63,7 +73,15 @@ class PatchFinder:
         self, fullname: str, path: Any = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         if fullname in self.unchecked:
-            self._check_top(fullname, path, target, None)
+            try:
+                self._check_top(fullname, path, target, None)
+            except Exception as exc:
+                entry = next(e for e in self.entries if any(
+                    m.partition(".")[0] == fullname for g in e.modules for m in g))
+                closed = closed_error(exc, entry.name, fullname, None)
+                if closed is None:
+                    raise
+                raise closed from None
         entries = self.by_module.get(fullname)
         if entries is None:
             return None
@@ -78,7 +96,7 @@ class PatchFinder:
             return None
         _finding[key] = depth + 1
         try:
-            spec = self._others(fullname, path, target)
+            spec, via = self._others(fullname, path, target)
         finally:
             if depth:
                 _finding[key] = depth
@@ -87,11 +105,13 @@ class PatchFinder:
         if spec is None or spec.loader is None or holds_patch_loader(spec.loader):
             return spec
         # duck-typed: subclassing importlib.abc.Loader would import importlib.abc at start
-        spec.loader = PatchLoader(spec.loader, fullname, spec.origin, entries)  # type: ignore[assignment]
+        spec.loader = PatchLoader(spec.loader, fullname, spec.origin, entries, via)  # type: ignore[assignment]
         spec.cached = None  # never the package's own __pycache__
         return spec
 
-    def _others(self, fullname: str, path: Any, target: ModuleType | None) -> ModuleSpec | None:
+    def _others(self, fullname: str, path: Any, target: ModuleType | None
+                ) -> tuple[ModuleSpec | None, Any]:
+        """The first spec another finder returns, and that finder."""
         for finder in list(sys.meta_path):
             if finder is self or isinstance(finder, PatchFinder):
                 continue
@@ -100,8 +120,8 @@ class PatchFinder:
                 continue
             spec = find(fullname, path, target)
             if spec is not None:
-                return spec  # type: ignore[no-any-return]
-        return None
+                return spec, finder
+        return None, None
 
     def _check_top(self, top: str, path: Any, target: Any, module: ModuleType | None = None,
                    strict: bool | None = None) -> None:
@@ -149,17 +169,37 @@ class Build:
         self.code, self.plan, self.source, self.code_ops = code, plan, source, code_ops
 
 
+def _closed(method: Any) -> Any:
+    """A loader entry point: importpatch's own code failing to load ends in ``closed_error``."""
+
+    def entry(self: PatchLoader, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except Exception as exc:
+            closed = closed_error(exc, self.entries[0].name, self.fullname, self.origin)
+            if closed is None:
+                raise
+            raise closed from None
+
+    entry.__name__ = entry.__qualname__ = method.__name__
+    entry.__doc__ = method.__doc__
+    return entry
+
+
 class PatchLoader:
     """Loads one targeted module: original source -> diffs/transforms -> landings -> code."""
 
     def __init__(
-        self, loader: Any, fullname: str, origin: str | None, entries: list[Entry]
+        self, loader: Any, fullname: str, origin: str | None, entries: list[Entry],
+        via: Any = None,
     ) -> None:
         self.loader = loader
         self.fullname = fullname
         self.origin = origin
         self.entries = entries
+        self.via = via  # the finder that returned the spec
         self._built: Build | None = None
+        self._kind: str | None = None
 
     def __getattr__(self, name: str) -> Any:
         # is_package, get_filename, get_data, get_resource_reader, path, name ... as the original.
@@ -169,14 +209,24 @@ class PatchLoader:
         create = getattr(self.loader, "create_module", None)
         return create(spec) if create is not None else None
 
+    @property
+    def kind(self) -> str:
+        """How the module's own loader compiles it (``loader_kind``)."""
+        if self._kind is None:
+            self._kind = loader_kind(_innermost(self.loader))
+        return self._kind
+
+    @_closed
     def exec_module(self, module: ModuleType) -> None:
         from importpatch.discover.catalog import in_place_only
         from importpatch.errors import PatchError
 
         build = self._build()
         inner = _innermost(self.loader)
-        if inner is self.loader:
+        if (inner is self.loader and _standard_exec(inner)) or self.kind in ("pytest", "opaque"):
             # Through get_code: a hook that wraps this loader's get_code sees the patched code.
+            # (pytest's hook and other loaders with an exec_module of their own would run code
+            # of their own making: see importpatch/load/hooks.py.)
             exec(self.get_code(self.fullname), module.__dict__)
         else:
             # Another hook's loader sits between us and the file loader: run its exec_module (its
@@ -208,11 +258,13 @@ class PatchLoader:
 
             apply_own_import(module, self.fullname, own)
 
+    @_closed
     def get_code(self, fullname: str) -> CodeType:
         # runpy (python -m) executes get_code()'s result in __main__ itself: the code calls
         # activation.begin/done, so it gets the same checks, failures and events as an import.
         return self._build().code
 
+    @_closed
     def get_source(self, fullname: str) -> str:
         return self._build().source
 
@@ -231,9 +283,11 @@ class PatchLoader:
         return self._built
 
     def _record_failure(self, exc: Any) -> None:
-        from importpatch import events
-
         exc.recorded = True
+        try:
+            from importpatch import events
+        except Exception:  # the error itself says it; importpatch's own code is damaged
+            return
         events.record("failed", exc.patch, self.fullname, "import", exc.what)
 
     def _ops(self) -> list[Op]:
@@ -290,8 +344,13 @@ class PatchLoader:
         fact_quals = activation.fact_quals(object_ops)
         plan = activation.ModulePlan(self.fullname, object_ops, origin)
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
+        kind = self.kind
+        if kind == "opaque":  # before anything runs: strict mode fails the import here
+            self._cannot_compose("it runs the module its own way (an exec_module without "
+                                 "get_code), so it cannot be handed the patched code")
         cache_root = safefiles.usable_root(report=True)
-        use_cache = cache_root is not None and bytecache.enabled()
+        # Code another hook compiled depends on that hook's configuration: never cached.
+        use_cache = cache_root is not None and bytecache.enabled() and kind in ("plain", "opaque")
         whole = whole_diffs(code_ops, self.fullname)
         siblings = b"".join(w.material for w in whole)
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals,
@@ -320,9 +379,12 @@ class PatchLoader:
             if patched != text:
                 filename = publish.publish(origin, patched, cache_root)
             try:
-                code, facts = transforms.compile_module(
-                    self.fullname, patched, qualnames, fact_quals, filename
-                )
+                if kind in ("plain", "opaque"):
+                    code, facts = transforms.compile_module(
+                        self.fullname, patched, qualnames, fact_quals, filename
+                    )
+                else:
+                    code, facts = self._compose(patched, qualnames, fact_quals, filename)
             except SyntaxError as exc:
                 raise PatchError(
                     code_ops[0].patch.name if code_ops else ops[0].patch.name, self.fullname,
@@ -336,6 +398,55 @@ class PatchLoader:
         plan.after_exec = lambda namespace: self._after_exec(build, namespace)
         activation.register(plan)
         return build
+
+    def _compose(self, patched: str, qualnames: list[str], fact_quals: set[str], filename: str
+                 ) -> tuple[CodeType, dict[str, Any]]:
+        """The patched module's code made by the other hook's loader (importpatch/load/hooks.py);
+        where it cannot be, ours (``_cannot_compose``: a warning, or the failure under strict)."""
+        from importpatch import events
+        from importpatch.install import activation
+        from importpatch.load import hooks
+        from importpatch.rewrite import transforms
+
+        assert self.origin is not None
+        tree, facts = transforms.module_tree(self.fullname, patched, qualnames, fact_quals,
+                                             filename)
+        inner = _innermost(self.loader)
+        try:
+            code = hooks.compile_through(self.kind, inner, self.fullname, tree, patched,
+                                         self.origin, filename, activation.__name__)
+        except hooks.CannotCompose as exc:
+            self._cannot_compose(str(exc))
+            return transforms.compile_module(self.fullname, patched, qualnames, fact_quals,
+                                             filename)
+        what = (f"compiled through {hooks.describe(inner, self.via)}: that import hook's "
+                "processing of the module is kept")
+        for name in dict.fromkeys(e.name for e in self.entries):
+            events.record("info", name, self.fullname, "other-hook", what)
+        return code, facts
+
+    def _cannot_compose(self, why: str) -> None:
+        """Another import hook's loader cannot be composed with: a warning (once per process and
+        hook) and an event, or under strict mode the import fails, before the module runs."""
+        from importpatch import config, events
+        from importpatch.errors import PatchError
+        from importpatch.load import hooks
+
+        inner = _innermost(self.loader)
+        hook = hooks.describe(inner, self.via)
+        what = (f"the import hook {hook} loads this module, and importpatch cannot compose with "
+                f"it ({why})")
+        if config.flag(os.environ, config.STRICT):
+            err = PatchError(self.entries[0].name, self.fullname,
+                             f"{what}; {config.STRICT} is on", file=self.origin)
+            self._record_failure(err)  # (recorded: never taken for one on_error="warn" patch)
+            raise err
+        detail = f"{what}: patched without that hook's own processing of it"
+        for name in dict.fromkeys(e.name for e in self.entries):
+            events.record("info", name, self.fullname, "other-hook", detail, level=30)
+        events.warn_once(f"other-hook:{type(inner).__module__}.{type(inner).__qualname__}",
+                         f"{self.fullname}: {detail} (set {config.STRICT}=1 to fail such an "
+                         "import instead)")
 
     def _after_exec(self, build: Build, namespace: dict[str, Any]) -> None:
         from importpatch import events
@@ -496,6 +607,29 @@ def source_file(name: str) -> str | None:
     return file_under(bases, rest)
 
 
+def loader_kind(loader: Any) -> str:
+    """How a targeted module's own loader compiles it (importpatch/load/hooks.py says what is
+    done with each): "plain" (importlib's source loader), "pytest" (pytest's assertion
+    rewriting), "source" (a source loader with a get_code or source_to_code of its own: an AST
+    transform) or "opaque" (anything else). No import: the plain case loads nothing more."""
+    cls = type(loader)
+    base = sys.modules["_frozen_importlib_external"].SourceLoader
+    get_code = getattr(cls, "get_code", None)
+    if get_code is base.get_code and getattr(cls, "source_to_code", None) is base.source_to_code:
+        return "plain"
+    if cls.__name__ == "AssertionRewritingHook" and cls.__module__ == "_pytest.assertion.rewrite":
+        return "pytest"
+    if get_code is not None and callable(getattr(loader, "get_data", None)):
+        return "source"
+    return "opaque"
+
+
+def _standard_exec(loader: Any) -> bool:
+    """Whether ``loader``'s exec_module is importlib's (runs ``get_code``'s code, nothing else)."""
+    base = sys.modules["_frozen_importlib_external"]._LoaderBasics
+    return getattr(type(loader), "exec_module", None) is base.exec_module
+
+
 def _innermost(loader: Any) -> Any:
     """The loader at the bottom of a chain of wrapping loaders (``.loader``, ``__wrapped__``)."""
     for _ in range(8):
@@ -518,6 +652,61 @@ def _module_of(namespace: dict[str, Any], name: str) -> ModuleType:
     return view
 
 
+# -- importpatch's own code failing to load after the start ------------------------------------
+
+
+def closed_error(exc: BaseException, patch: str, module: str, file: str | None
+                 ) -> BaseException | None:
+    """At an entry point of the finder or the loader: the one error (``errors.fails_closed``)
+    when ``exc`` is importpatch's own code failing to load (``errors.own_failure``), else None.
+    Where ``importpatch.errors`` itself cannot load, a plain ImportError with its message."""
+    try:
+        from importpatch.errors import fails_closed, own_failure
+    except Exception as missing:
+        where = f" ({file})" if file else ""
+        return ImportError(
+            f"importpatch: patch {patch!r} cannot apply to {module}{where}: importpatch cannot "
+            f"load its own code ({type(missing).__name__}: {missing}): a reinstall in progress "
+            "or a damaged install; it fails closed rather than run the module unpatched. "
+            "Reinstall importpatch-hook (or let the install in progress finish), or set "
+            "IMPORTPATCH_OFF=1 to run without patches", name=module, path=file)
+    return fails_closed(exc, patch, module, file) if own_failure(exc) else None
+
+
+# -- The finder on sys.meta_path ------------------------------------------------------------------
+
+
+class MetaPath(list):  # type: ignore[type-arg]
+    """``sys.meta_path`` once a PatchFinder is on it: the PatchFinder stays ahead of every finder
+    that is not importpatch's own, whenever that was inserted (typeguard's import hook, pytest's
+    assertion rewriting, a user's finder at index 0), so it is asked first for a targeted module
+    and asks them in turn (see the module docstring). Only the PatchFinder moves; the others keep
+    their order. (A program that replaces the list object itself, ``sys.meta_path = [...]``,
+    escapes this.)"""
+
+    __slots__ = ()
+
+    def insert(self, index: Any, finder: Any) -> None:
+        list.insert(self, index, finder)
+        self.keep_first()
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        list.__setitem__(self, index, value)
+        self.keep_first()
+
+    def keep_first(self) -> None:
+        for i, finder in enumerate(self):
+            if isinstance(finder, PatchFinder):
+                break
+            if not type(finder).__module__.startswith("importpatch."):
+                ahead = i
+                for j in range(i + 1, len(self)):
+                    if isinstance(self[j], PatchFinder):
+                        list.insert(self, ahead, list.pop(self, j))
+                        return
+                return
+
+
 def installed() -> PatchFinder | None:
     for finder in sys.meta_path:
         if isinstance(finder, PatchFinder):
@@ -527,8 +716,10 @@ def installed() -> PatchFinder | None:
 
 def install(entries: list[Entry]) -> PatchFinder:
     """Put a finder for ``entries`` first on sys.meta_path, replacing ours if present (idempotent:
-    the .pth runs twice in venvs on some Pythons)."""
+    the .pth runs twice in venvs on some Pythons); sys.meta_path becomes a ``MetaPath``."""
     finder = PatchFinder(entries)
+    if not isinstance(sys.meta_path, MetaPath):
+        sys.meta_path = MetaPath(sys.meta_path)
     for i, existing in enumerate(sys.meta_path):
         if isinstance(existing, PatchFinder):
             sys.meta_path[i] = finder

@@ -33,6 +33,10 @@ def check_top(finder: PatchFinder, top: str, path: Any, target: Any, module: Mod
     try:
         problems = missing(finder, top, path, target, module)
     except Exception as exc:  # noqa: BLE001 (an import must not fail because of a look-up)
+        from importpatch.errors import own_failure
+
+        if own_failure(exc):
+            raise  # importpatch's own code is damaged: the finder fails the import closed
         problems = []
         from importpatch import events
 

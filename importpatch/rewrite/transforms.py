@@ -147,9 +147,21 @@ def compile_module(
         # compiles directly (about twice as fast as parse + compile(tree)); lines do not move.
         closing = f"\n{activation.HOOKS}.done({module!r})\n"
         return compile(text + closing, code_filename, "exec", dont_inherit=True), {}
+    tree, facts = module_tree(module, text, qualnames, fact_quals, code_filename)
+    return compile(tree, code_filename, "exec", dont_inherit=True), facts
+
+
+def module_tree(
+    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
+) -> tuple[ast.Module, dict[str, activation.Fact]]:
+    """What ``compile_module`` compiles, as a tree (landings and begin/done included): what
+    another import hook's transform works on (importpatch/load/hooks.py)."""
+    if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
+        closing = f"\n{activation.HOOKS}.done({module!r})\n"
+        return ast.parse(text + closing, filename=code_filename), {}
     tree = ast.parse(text, filename=code_filename)
     facts = landing.facts_of(tree, fact_quals)
     unseen = landing.rewrite(tree, module, qualnames)
     for qual in unseen & facts.keys():
         facts[qual].seen = False
-    return compile(tree, code_filename, "exec", dont_inherit=True), facts
+    return tree, facts
