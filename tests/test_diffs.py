@@ -236,6 +236,25 @@ def test_harmless_git_extended_headers_are_ignored() -> None:
     assert patched("line 1\n", diff) == "one\n"
 
 
+def test_a_mode_only_section_is_listed_and_the_rest_applies() -> None:
+    """git diff of a commit that edits one file and chmods another: git apply accepts it, and
+    so does parse (the mode is not code: listed in ``modes``, the content patch applies)."""
+    diff = (
+        "diff --git a/pkg/b.py b/pkg/b.py\nold mode 100755\nnew mode 100644\n"
+        "diff --git a/pkg/a.py b/pkg/a.py\nold mode 100644\nnew mode 100755\n"
+        "index 1111111..2222222\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-line 1\n+one\n"
+        'diff --git "a/pkg/\\303\\251 x.py" "b/pkg/\\303\\251 x.py"\nold mode 100644\n'
+        "new mode 100755\n"
+    )
+    parsed = parse(diff)
+    assert [f.path for f in parsed.files] == ["pkg/a.py"]
+    assert apply("line 1\n", parsed.files[0]) == "one\n"
+    assert [(m.path, m.old_mode, m.new_mode, m.only) for m in parsed.modes] == [
+        ("pkg/b.py", "100755", "100644", True), ("pkg/a.py", "100644", "100755", False),
+        ("pkg/\u00e9 x.py", "100644", "100755", True)]
+    assert parsed.modes[0].describe() == "mode 100755 -> 100644"
+
+
 def test_multi_hunk_and_multi_file() -> None:
     old = numbered(30)
     new = old.replace("line 3\n", "three\n").replace("line 25\n", "")
@@ -676,12 +695,6 @@ def test_a_partly_applied_diff_says_which_hunks_are_upstream() -> None:
             id="git-binary-patch",
         ),
         pytest.param("Binary files a/b.bin and b/b.bin differ\n", "binary", 1, id="plain-binary"),
-        pytest.param(
-            "diff --git a/m.py b/m.py\nold mode 100644\nnew mode 100755\n",
-            "mode-only change",
-            1,
-            id="mode-only",
-        ),
         pytest.param(
             "diff --cc m.py\nindex 1,2..3\n--- a/m.py\n+++ b/m.py\n@@@ -1,1 -1,1 +1,1 @@@\n",
             "combined",

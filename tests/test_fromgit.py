@@ -283,3 +283,79 @@ def test_fork_corpus_on_vllm_history() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["commits"] >= 20 and data["clean_where_git_conflicts"] == 0
+
+
+# -- issue 29: mode changes, missing objects, the base, a module that became a package -----------
+
+
+def chmod_fork(tmp_path: Path) -> Path:
+    """pkg/a.py and an executable pkg/b.py, tag v1.0; one commit edits a.py and chmods b.py -x
+    (and a.py +x: a mode change beside a content change)."""
+    repo = tmp_path / "chmod"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, "release 1.0", {"pkg/__init__.py": "", "pkg/a.py": CORE,
+                                 "pkg/b.py": "#!/usr/bin/env python\nprint('b')\n"})
+    (repo / "pkg" / "b.py").chmod(0o755)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "b is a script")
+    git(repo, "tag", "v1.0")
+    (repo / "pkg" / "b.py").chmod(0o644)
+    (repo / "pkg" / "a.py").chmod(0o755)
+    commit(repo, "Edit a, b is no script", {"pkg/a.py": ("x + 3\n", "x + 333\n")})
+    return repo
+
+
+def pkg_tree(root: Path, core: str = CORE) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "a.py").write_text(core)
+    (root / "pkg" / "b.py").write_text("#!/usr/bin/env python\nprint('b')\n")
+    return root
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_a_chmod_beside_an_edit_is_noted_and_the_edit_carried(
+    squash: bool, tmp_path: Path, env: dict[str, str]
+) -> None:
+    repo = chmod_fork(tmp_path)
+    target = pkg_tree(tmp_path / "target", "# newer\n" + CORE)
+    out = tmp_path / "out"
+    out.mkdir()
+    more = ["--squash"] if squash else []
+    proc = run_cli("from-git", str(repo), "v1.0..HEAD", "--to", str(target), "--package", "pkg",
+                   "--out", str(out), "--name", "fork", *more, "--json", env=env)
+    [p] = json.loads(proc.stdout)["patches"]
+    assert p["status"] == "carried", p
+    assert p["not_carried"] == {
+        "pkg/b.py": "only its mode 100755 -> 100644 (a mode is not code)",
+        "pkg/a.py": "its mode 100644 -> 100755 (a mode is not code; its content is carried)"}
+    assert [f["path"] for f in p["files"]] == ["pkg/a.py"]
+    checkout = tmp_path / "checkout"
+    pkg_tree(checkout, "# newer\n" + CORE)
+    git(checkout, "init", "-q")
+    git(checkout, "apply", p["out"])
+    assert "x + 333\n" in (checkout / "pkg" / "a.py").read_text()
+    text = run_cli("from-git", str(repo), "v1.0..HEAD", "--to", str(target), "--package", "pkg",
+                   "--dry-run", *more, env=env).stdout
+    assert "not carried: pkg/b.py (only its mode 100755 -> 100644 (a mode is not code))" in text
+
+
+def test_a_saved_git_diff_with_a_chmod_section_is_a_patch(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """``git diff`` of that commit (a mode-only section for b.py) saved as a patch: check
+    applies its content, and the installed hook patches the module (git apply accepts it too)."""
+    repo = chmod_fork(tmp_path)
+    diff = git(repo, "diff", "v1.0", "HEAD")
+    assert diff.endswith("diff --git a/pkg/b.py b/pkg/b.py\nold mode 100755\nnew mode 100644\n")
+    patches = Path(env["IMPORTPATCH_PATH"])
+    (patches / "chmodded.diff").write_text("Name: chmodded\n" + diff)
+    site = pkg_tree(tmp_path / "site")
+    check = run_cli("check", "chmodded", "--against", str(site), "--json", env=env)
+    [result] = json.loads(check.stdout)["patches"]
+    assert result["status"] == "ok" and [op["module"] for op in result["ops"]] == ["pkg.a"]
+    code = "import pkg.a; print(pkg.a.f3(0))"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env={**env, "PYTHONPATH": str(site), "IMPORTPATCH_ENABLE": "chmodded"})
+    assert on.stdout.split() == ["333"], on.stderr

@@ -18,8 +18,12 @@ Line model (shared by the parser and the applier, which is what makes them agree
   the ``\\ No newline at end of file`` marker does in the diff.
 
 Only what this library can do in memory is accepted: changes to the content of
-existing ``.py`` files.  File creation, deletion, renames, copies, mode-only
-changes, binary and combined diffs raise ``DiffError`` saying "not supported".
+existing ``.py`` files.  File creation, deletion, renames, copies, binary and combined
+diffs raise ``DiffError`` saying "not supported".  A file's mode is not code: a
+mode-only section (``old mode``/``new mode`` and no content, as ``git diff`` writes
+for a ``chmod``) is accepted as ``git apply`` accepts it, and listed in
+``ParsedDiff.modes`` (with the mode changes of sections that also change content)
+for the caller to report; nothing applies it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "FilePatch",
     "Hunk",
     "HunkMismatch",
+    "ModeChange",
     "ParsedDiff",
     "apply",
     "make_diff",
@@ -330,9 +335,25 @@ class FilePatch:
 
 
 @dataclass(frozen=True)
+class ModeChange:
+    """A file's mode change in a diff (``old mode 100755`` / ``new mode 100644``): not code,
+    so nothing applies it; ``only``: the section changes nothing else (a ``chmod``)."""
+
+    path: str
+    old_mode: str
+    new_mode: str
+    only: bool
+    lineno: int
+
+    def describe(self) -> str:
+        return f"mode {self.old_mode} -> {self.new_mode}"
+
+
+@dataclass(frozen=True)
 class ParsedDiff:
     preamble: str
     files: tuple[FilePatch, ...]
+    modes: tuple[ModeChange, ...] = ()
 
 
 # --------------------------------------------------------------------------- parsing
@@ -524,11 +545,28 @@ def _old_range_start(h: Hunk) -> int:
     return h.old_start - 1 if h.old_len else h.old_start
 
 
-def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
-    """Parse one file's patch starting at lines[i] ('diff --git' or '--- ')."""
+def _git_line_path(line: str, lineno: int) -> str:
+    """The path a 'diff --git a/P b/P' line names (its b/ side), quoted or not."""
+    rest = line[len("diff --git ") :]
+    if rest.startswith('"'):
+        _, rest = _unquote_c_style(rest, lineno)
+        rest = rest.lstrip(" ")
+        path = _unquote_c_style(rest, lineno)[0] if rest.startswith('"') else rest
+    else:
+        half = (len(rest) - 1) // 2  # 'a/P b/P': both halves name the same file
+        if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1 :][2:]:
+            path = rest[half + 1 :]
+        else:
+            path = rest.rsplit(" ", 1)[-1]
+    return path[2:] if path.startswith("b/") else path
+
+
+def _parse_file(lines: list[str], i: int) -> tuple[FilePatch | None, ModeChange | None, int]:
+    """Parse one file's patch starting at lines[i] ('diff --git' or '--- '): (its patch, None
+    for a mode-only section; its mode change or None; the index after it)."""
+    modes: dict[str, str] = {}
+    git_line = i
     if lines[i].startswith("diff --git "):
-        git_line = i
-        modes = False
         i += 1
         while i < len(lines) and not lines[i].startswith("--- "):
             line = lines[i]
@@ -539,14 +577,16 @@ def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
                 raise DiffError(f"binary patches are not supported ({line!r})", i + 1)
             if not line.startswith(_HARMLESS_GIT_HEADERS):
                 break
-            modes = modes or line.startswith(("old mode ", "new mode "))
+            if line.startswith(("old mode ", "new mode ")):
+                modes[line[:3]] = line[len("old mode ") :].strip()
             i += 1
         if i == len(lines) or not lines[i].startswith("--- "):
             if modes and (i == len(lines) or lines[i].startswith("diff ")):
-                raise DiffError(
-                    f"mode-only change is not supported (no content to patch): {lines[git_line]!r}",
-                    git_line + 1,
-                )
+                # A chmod: git apply accepts it; the mode is not code, so it is only listed.
+                path = _git_line_path(lines[git_line], git_line + 1)
+                change = ModeChange(path, modes.get("old", "?"), modes.get("new", "?"), True,
+                                    git_line + 1)
+                return None, change, i
             found = repr(lines[i]) if i < len(lines) else "end of diff"
             raise DiffError(
                 f"expected '--- a/<path>' in the git header that starts at line "
@@ -608,7 +648,12 @@ def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
                 f"not the last hunk of the file",
                 hunk_lines[k - 1],
             )
-    return FilePatch(old, new, tuple(hunks)), i
+    patch = FilePatch(old, new, tuple(hunks))
+    change = None
+    if modes:
+        change = ModeChange(patch.path, modes.get("old", "?"), modes.get("new", "?"), False,
+                            git_line + 1)
+    return patch, change, i
 
 
 def parse(text: str) -> ParsedDiff:
@@ -623,6 +668,7 @@ def parse(text: str) -> ParsedDiff:
     lines = [line[:-1] if line.endswith("\r") else line for line in raw]
 
     files: list[FilePatch] = []
+    modes: list[ModeChange] = []
     first: int | None = None
     i = 0
     while i < len(lines):
@@ -630,8 +676,11 @@ def parse(text: str) -> ParsedDiff:
         if line.startswith("diff --git ") or _is_file_header(lines, i):
             if first is None:
                 first = i
-            patch, i = _parse_file(lines, i)
-            files.append(patch)
+            patch, mode, i = _parse_file(lines, i)
+            if patch is not None:
+                files.append(patch)
+            if mode is not None:
+                modes.append(mode)
         elif line.startswith(("diff --cc ", "diff --combined ")):
             raise DiffError(f"combined diffs are not supported ({line!r})", i + 1)
         elif _is_binary_line(line):
@@ -647,7 +696,7 @@ def parse(text: str) -> ParsedDiff:
         return ParsedDiff(text, ())
     # Exactly the original characters of the lines before the first header.
     preamble = "".join(part + "\n" for part in raw[:first])
-    return ParsedDiff(preamble, tuple(files))
+    return ParsedDiff(preamble, tuple(files), tuple(modes))
 
 
 # --------------------------------------------------------------------------- applying

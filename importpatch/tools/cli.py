@@ -570,7 +570,7 @@ def cmd_from_git(args: argparse.Namespace) -> int:
     style = Style(sys.stdout)
     words = {"carried": style.status("ok", "carried"), "upstream": "already upstream",
              "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)",
-             "nothing": "no Python file of the package"}
+             "nothing": "nothing to carry (no code of the package changed)"}
     lines = [f"from-git {report.repo} {' '.join(report.revs)}: package {report.package}, "
              f"base {report.base or 'unknown release'} -> {report.target}"]
     if report.merges:

@@ -44,6 +44,29 @@ NONE = "none"  # --to none: write the patches as made, carry nothing
 # -- git ---------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One file of ``git diff-tree --raw``: status letter, path, new path of a rename or copy,
+    modes and blob ids (old side, new side)."""
+
+    status: str
+    path: str
+    renamed: str | None
+    old_mode: str
+    new_mode: str
+    old_blob: str
+    new_blob: str
+
+    @property
+    def mode_only(self) -> bool:
+        """A chmod: the content is the same, only the mode changed."""
+        return self.status == "M" and self.old_blob == self.new_blob
+
+    @property
+    def mode_note(self) -> str:
+        return f"mode {self.old_mode} -> {self.new_mode}"
+
+
 class Git:
     def __init__(self, repo: str) -> None:
         if shutil.which("git") is None:
@@ -81,19 +104,22 @@ class Git:
     def exists(self, commit: str, path: str) -> bool:
         return self.run("cat-file", "-e", f"{commit}:{path}", check=False).returncode == 0
 
-    def changes(self, old: str, new: str) -> list[tuple[str, str, str | None]]:
-        """(status letter, path, new path of a rename) of the files changed from old to new."""
-        raw = self.run("diff-tree", "-r", "-z", "-M", "--no-commit-id", "--name-status",
+    def changes(self, old: str, new: str) -> list[Change]:
+        """The files changed from old to new, with their modes and blob ids (``--raw``)."""
+        raw = self.run("diff-tree", "-r", "-z", "--raw", "-M", "--no-commit-id",
                        old, new).stdout.decode("utf-8", "surrogateescape").split("\0")
-        out: list[tuple[str, str, str | None]] = []
+        out: list[Change] = []
         i = 0
         while i < len(raw) - 1:
-            status = raw[i][:1]
-            if status in "RC":
-                out.append((status, raw[i + 1], raw[i + 2]))
+            old_mode, new_mode, old_blob, new_blob, status = raw[i].lstrip(":").split(" ")[:5]
+            letter = status[:1]
+            if letter in "RC":
+                out.append(Change(letter, raw[i + 1], raw[i + 2], old_mode, new_mode, old_blob,
+                                  new_blob))
                 i += 3
             else:
-                out.append((status, raw[i + 1], None))
+                out.append(Change(letter, raw[i + 1], None, old_mode, new_mode, old_blob,
+                                  new_blob))
                 i += 2
         return out
 
@@ -227,9 +253,11 @@ def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
 
 
 def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) -> None:
-    """Fill ``commit.carried`` / ``not_carried`` from the changes old -> new."""
-    for status, path, renamed in git.changes(old, new):
-        where = renamed or path
+    """Fill ``commit.carried`` / ``not_carried`` from the changes old -> new. A mode change is
+    not code: a chmod alone is listed as not carried, and a changed file's mode change too (its
+    content is carried)."""
+    for ch in git.changes(old, new):
+        status, path, where = ch.status, ch.path, ch.renamed or ch.path
         if not where.endswith(".py"):
             commit.not_carried[where] = "not a Python file"
         elif package is not None and not where.startswith(package + "/"):
@@ -240,8 +268,13 @@ def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) 
             commit.not_carried[where] = "a deleted file (a diff patch cannot delete a module)"
         elif status in "RC":
             commit.not_carried[where] = f"renamed from {path} (a diff patch cannot move a module)"
+        elif ch.mode_only:
+            commit.not_carried[where] = f"only its {ch.mode_note} (a mode is not code)"
         elif status == "M":
             commit.carried.append(path)
+            if ch.old_mode != ch.new_mode:
+                commit.not_carried[where] = (f"its {ch.mode_note} (a mode is not code; its "
+                                             "content is carried)")
         else:
             commit.not_carried[where] = f"git status {status}"
 
@@ -254,10 +287,10 @@ def guess_package(
     tops: dict[str, int] = {}
     changed: set[str] = set()
     for c in commits:
-        for status, path, renamed in git.changes(c.parent, c.sha):
-            where = renamed or path
+        for ch in git.changes(c.parent, c.sha):
+            where = ch.renamed or ch.path
             changed.add(where)
-            if where.endswith(".py") and "/" in where and status in "MRC":
+            if where.endswith(".py") and "/" in where and ch.status in "MRC":
                 top = where.split("/", 1)[0]
                 tops[top] = tops.get(top, 0) + 1
     found = [t for t in sorted(tops) if t.isidentifier()
@@ -400,6 +433,7 @@ def from_git(
                f"{tag or c.parent[:12]}")
         made_files = [(rel, _text(git, c.parent, rel), _text(git, c.sha, rel))
                       for rel in c.carried]
+        made_files = [(rel, old, new) for rel, old, new in made_files if old != new]
         body = "".join(diffs.make_diff(old, new, rel) for rel, old, new in made_files)
         made = header(pname, base, top, c.subject, how) + body
         result = PatchResult(pname, c.sha, c.subject, base, "made", [], c.not_carried,
@@ -408,9 +442,8 @@ def from_git(
         if not c.carried:  # no Python file of the package: nothing to carry
             result.status, result.text = NOTHING, ""
             continue
-        if not body:  # only mode changes and the like
-            result.status = rebase.UPSTREAM
-            result.text = ""
+        if not body:  # no text changed (a blob of other bytes, the same text)
+            result.status, result.text = NOTHING, ""
             continue
         if target is None:
             continue
