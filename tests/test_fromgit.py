@@ -359,3 +359,55 @@ def test_a_saved_git_diff_with_a_chmod_section_is_a_patch(
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                         env={**env, "PYTHONPATH": str(site), "IMPORTPATCH_ENABLE": "chmodded"})
     assert on.stdout.split() == ["333"], on.stderr
+
+
+def missing_objects(clone: Path) -> set[str]:
+    listed = git(clone, "rev-list", "--objects", "--all", "--missing=print")
+    return {line[1:] for line in listed.split() if line.startswith("?")}
+
+
+def test_a_missing_object_is_named_with_how_to_fetch_it(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A partial clone (--filter=blob:none): from-git reads the blobs of the package's files
+    only (git fetches those lazily, the rest stays missing); with its remote gone, the object
+    from-git needs is named with the fetch command (exit 2, not 'a bug in importpatch')."""
+    git(fork, "config", "uploadpack.allowFilter", "true")
+    clone = tmp_path / "partial.git"
+    git(tmp_path, "clone", "-q", "--bare", "--filter=blob:none", f"file://{fork}", str(clone))
+    kernel = git(fork, "rev-parse", "HEAD:csrc/kernel.cu").strip()
+    core = git(fork, "rev-parse", "v1.4.0:tpkg/core.py").strip()  # the first commit's parent
+    assert {kernel, core} <= missing_objects(clone)
+    args = ("from-git", str(clone), "v1.4.0..HEAD", "--to", "none", "--json")
+
+    moved = fork.with_name("moved")
+    fork.rename(moved)  # the promisor remote is gone
+    proc = run_cli(*args, env=env, rc=2)
+    error = [line for line in proc.stderr.splitlines() if line.startswith("importpatch: error")]
+    assert len(error) == 1 and proc.stdout == "" and "internal error" not in proc.stderr
+    assert (f"tpkg/core.py at {git(moved, 'rev-parse', 'HEAD~5').strip()[:12]}: object {core} "
+            f"is missing from {clone} (a partial clone: its promisor remote 'origin' did not "
+            "give it)") in error[0]
+    assert f"hint: fetch it where 'origin' is reachable: git -C {clone} fetch origin {core}" in (
+        proc.stderr)
+    assert os.listdir(env["IMPORTPATCH_PATH"]) == []
+
+    moved.rename(fork)  # back: git fetches what from-git reads, and only that
+    report = json.loads(run_cli(*args, env=env).stdout)
+    assert len(report["patches"]) == 5
+    assert core not in missing_objects(clone) and kernel in missing_objects(clone)
+
+
+def test_a_shallow_clone_says_how_to_deepen_it(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "2", f"file://{fork}", str(shallow))
+    for revs, said in ((["v1.4.0..HEAD"], "unknown revision 'v1.4.0'"),
+                       (["HEAD~1"], "has no parent")):
+        proc = run_cli("from-git", str(shallow), *revs, "--to", "none", env=env, rc=2)
+        assert f"{said}" in proc.stderr and "(a shallow clone: its history stops early)" in (
+            proc.stderr), proc.stderr
+        assert f"hint: git -C {shallow} fetch --unshallow (or --deepen=N)" in proc.stderr
+    assert len(json.loads(run_cli("from-git", str(shallow), "HEAD", "--to", "none", "--json",
+                                  env=env).stdout)["patches"]) == 1

@@ -98,16 +98,93 @@ class Git:
         return done.stdout.decode().strip() if done.returncode == 0 else None
 
     def show(self, commit: str, path: str) -> bytes | None:
-        done = self.run("cat-file", "blob", f"{commit}:{path}", check=False)
-        return done.stdout if done.returncode == 0 else None
+        """The bytes of ``path`` at ``commit`` (None: no such file there). A blob the repository
+        lacks (a partial clone whose promisor remote cannot give it, a damaged one) raises a
+        ``UsageError`` (exit 2) naming the object and how to fetch it. Only the files from-git carries
+        are read, so a partial clone fetches those and nothing else."""
+        blob = self.blob_id(commit, path)
+        if blob is None:
+            return None
+        done = self.run("cat-file", "blob", blob, check=False)
+        if done.returncode != 0:
+            raise self.missing(blob, f"{path} at {commit[:12]}", done.stderr)
+        return done.stdout
+
+    def blob_id(self, commit: str, path: str) -> str | None:
+        """The blob id of ``path`` at ``commit`` (trees only: no blob is read or fetched)."""
+        done = self.run("ls-tree", "-z", "--full-tree", commit, "--", path, check=False)
+        if done.returncode != 0:
+            raise self.missing(commit, f"the tree of {commit[:12]}", done.stderr)
+        for entry in done.stdout.split(b"\0"):
+            meta, _, name = entry.partition(b"\t")
+            fields = meta.split()
+            if len(fields) == 3 and fields[1] == b"blob" and name == path.encode(
+                    "utf-8", "surrogateescape"):
+                return fields[2].decode()
+        return None
+
+    @property
+    def shallow(self) -> bool:
+        return self.run("rev-parse", "--is-shallow-repository",
+                        check=False).stdout.strip() == b"true"
+
+    def no_history(self, what: str, hint: str) -> packages.UsageError:
+        """``what`` is not in the repository: a shallow clone says so, and how to deepen it."""
+        if self.shallow:
+            return packages.UsageError(
+                f"{what} (a shallow clone: its history stops early)",
+                f"git -C {self.repo} fetch --unshallow (or --deepen=N), then run from-git again")
+        return packages.UsageError(what, hint)
 
     def exists(self, commit: str, path: str) -> bool:
-        return self.run("cat-file", "-e", f"{commit}:{path}", check=False).returncode == 0
+        return self.blob_id(commit, path) is not None
 
-    def changes(self, old: str, new: str) -> list[Change]:
-        """The files changed from old to new, with their modes and blob ids (``--raw``)."""
-        raw = self.run("diff-tree", "-r", "-z", "--raw", "-M", "--no-commit-id",
-                       old, new).stdout.decode("utf-8", "surrogateescape").split("\0")
+    def missing(self, obj: str, what: str, stderr: bytes) -> packages.UsageError:
+        """The error for an object the repository does not have (exit 2, never 'a bug')."""
+        said = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+        why = f" (git: {said[-1].strip()})" if said else ""
+        listed = self.run("config", "--get-regexp", r"^remote\..*\.promisor$", check=False)
+        remotes = [line.split()[0][len("remote."):-len(".promisor")]
+                   for line in listed.stdout.decode(errors="replace").splitlines()
+                   if line.split()[-1:] == ["true"]]
+        if remotes:
+            kind = f"a partial clone: its promisor remote {remotes[0]!r} did not give it"
+            hint = (f"fetch it where {remotes[0]!r} is reachable: git -C {self.repo} fetch "
+                    f"{remotes[0]} {obj} (or git -C {self.repo} fetch --refetch {remotes[0]} for "
+                    "every object), then run from-git again")
+        elif self.shallow:
+            kind = "a shallow clone"
+            hint = f"git -C {self.repo} fetch --unshallow, then run from-git again"
+        else:
+            kind = "the repository lacks it"
+            hint = (f"fetch it from where the history came from (git -C {self.repo} fetch "
+                    "REMOTE), or check the repository with git fsck")
+        return packages.UsageError(f"{what}: object {obj} is missing from {self.repo} "
+                                   f"({kind}){why}", hint)
+
+    def changes(self, old: str, new: str, package: str | None = None) -> list[Change]:
+        """The files changed from old to new, with their modes and blob ids (``--raw``).
+
+        Renames are found among the package's files only (``package`` given and a file of it
+        both added and deleted): git reads the blobs of added and deleted files to pair them,
+        and a partial clone would fetch every one of them (or fail without its remote)."""
+        out = self._raw(old, new, "--no-renames")
+        if package is not None:
+            mine = [c for c in out if c.path.startswith(package + "/")]
+            if {"A", "D"} <= {c.status for c in mine}:
+                out = [c for c in out if not c.path.startswith(package + "/")]
+                out += self._raw(old, new, "-M", "--", package + "/")
+        return out
+
+    def _raw(self, old: str, new: str, *options: str) -> list[Change]:
+        args = [a for a in options if a != "--"]
+        paths = options[options.index("--"):] if "--" in options else ()
+        done = self.run("diff-tree", "-r", "-z", "--raw", "--no-commit-id", *args, old, new,
+                        *paths, check=False)
+        if done.returncode != 0:
+            raise self.missing(f"{new} (or a file of it)", f"the changes {old[:12]}..{new[:12]}",
+                               done.stderr)
+        raw = done.stdout.decode("utf-8", "surrogateescape").split("\0")
         out: list[Change] = []
         i = 0
         while i < len(raw) - 1:
@@ -224,8 +301,8 @@ def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
             a_sha, b_sha = git.commit(a or "HEAD"), git.commit(b or "HEAD")
             for name, sha in ((a or "HEAD", a_sha), (b or "HEAD", b_sha)):
                 if sha is None:
-                    raise packages.UsageError(f"unknown revision {name!r} in {git.repo}",
-                                              "a tag, branch or commit of that repository")
+                    raise git.no_history(f"unknown revision {name!r} in {git.repo}",
+                                         "a tag, branch or commit of that repository")
             assert a_sha is not None and b_sha is not None
             listed = git.out("rev-list", "--reverse", "--topo-order", "--parents",
                              f"{a_sha}..{b_sha}").split("\n")
@@ -239,14 +316,14 @@ def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
         else:
             sha = git.commit(rev)
             if sha is None:
-                raise packages.UsageError(f"unknown revision {rev!r} in {git.repo}",
-                                          "a tag, branch or commit of that repository")
+                raise git.no_history(f"unknown revision {rev!r} in {git.repo}",
+                                     "a tag, branch or commit of that repository")
             commits.append(sha)
     if not commits:
         raise packages.UsageError(f"{' '.join(revs)}: only merge commits", "name the commits")
     parent = git.commit(f"{commits[0]}^")
     if parent is None:
-        raise packages.UsageError(
+        raise git.no_history(
             f"commit {commits[0][:12]} has no parent: nothing to diff against",
             "a patch changes files of an earlier commit")
     return commits, merges, start or parent
@@ -256,7 +333,7 @@ def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) 
     """Fill ``commit.carried`` / ``not_carried`` from the changes old -> new. A mode change is
     not code: a chmod alone is listed as not carried, and a changed file's mode change too (its
     content is carried)."""
-    for ch in git.changes(old, new):
+    for ch in git.changes(old, new, package):
         status, path, where = ch.status, ch.path, ch.renamed or ch.path
         if not where.endswith(".py"):
             commit.not_carried[where] = "not a Python file"
@@ -290,7 +367,7 @@ def guess_package(
         for ch in git.changes(c.parent, c.sha):
             where = ch.renamed or ch.path
             changed.add(where)
-            if where.endswith(".py") and "/" in where and ch.status in "MRC":
+            if where.endswith(".py") and "/" in where and ch.status in "MDRC":
                 top = where.split("/", 1)[0]
                 tops[top] = tops.get(top, 0) + 1
     found = [t for t in sorted(tops) if t.isidentifier()
@@ -401,8 +478,8 @@ def from_git(
         units = [Commit(sha, git.commit(f"{sha}^") or "", subject(sha)) for sha in commit_shas]
         for c in units:
             if not c.parent:
-                raise packages.UsageError(f"commit {c.sha[:12]} has no parent",
-                                          "a patch changes files of an earlier commit")
+                raise git.no_history(f"commit {c.sha[:12]} has no parent",
+                                     "a patch changes files of an earlier commit")
     probe = [Commit(sha, git.commit(f"{sha}^") or start, "") for sha in commit_shas]
     top = package or guess_package(git, probe, target, revs)
     if package is not None and not package.isidentifier():
