@@ -411,3 +411,44 @@ def test_a_shallow_clone_says_how_to_deepen_it(
         assert f"hint: git -C {shallow} fetch --unshallow (or --deepen=N)" in proc.stderr
     assert len(json.loads(run_cli("from-git", str(shallow), "HEAD", "--to", "none", "--json",
                                   env=env).stdout)["patches"]) == 1
+
+
+def test_the_base_is_the_upstream_release_the_fork_sits_on(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """upstream: v1.0 on main, v1.1 on a release branch (a fix picked onto it); a fork of v1.1
+    (remote 'upstream') tags its own v0.1.0 on its first commit. git describe of the range
+    start names the fork's tag; the base is v1.1, and the report says how it was found."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    git(up, "init", "-q", "-b", "main")
+    commit(up, "release 1.0", {"tpkg/__init__.py": "", "tpkg/core.py": CORE})
+    git(up, "tag", "v1.0")
+    commit(up, "main goes on", {"tpkg/core.py": ("x + 1\n", "x + 1 + 0\n")})
+    git(up, "checkout", "-q", "-b", "release-1.1", "v1.0")
+    commit(up, "fix for 1.1", {"tpkg/core.py": ("x + 2\n", "x + 2 + 0\n")})
+    git(up, "tag", "-a", "v1.1", "-m", "1.1")
+    git(up, "checkout", "-q", "main")
+    commit(up, "main goes on again", {"tpkg/core.py": ("x + 5\n", "x + 5 + 0\n")})
+    fork = tmp_path / "fork"
+    git(tmp_path, "clone", "-q", "-o", "upstream", "-b", "v1.1", str(up), str(fork))
+    git(fork, "checkout", "-q", "-b", "fork")
+    commit(fork, "Fork 1", {"tpkg/core.py": ("x + 3\n", "x + 33\n")})
+    git(fork, "tag", "v0.1.0")  # the fork's own version
+    commit(fork, "Fork 2", {"tpkg/core.py": ("x + 4\n", "x + 44\n")})
+    assert git(fork, "describe", "--tags", "--abbrev=0", "v0.1.0").strip() == "v0.1.0"
+    run = ("from-git", str(fork), "v0.1.0..HEAD", "--to", "none", "--json")
+    report = json.loads(run_cli(*run, env=env).stdout)
+    assert report["base"] == "tpkg==1.1", report.get("base_how")
+    assert report["base_how"].startswith(
+        "release tags of the remote 'upstream': v1.1 is nearest the range start")
+    written = Path(env["IMPORTPATCH_PATH"]) / report["patches"][0]["name"]
+    assert "Base: tpkg==1.1\nRequires: tpkg>=1.1,<1.2\n" in written.with_suffix(".diff").read_text()
+    # --base chooses: a tag, NAME==VERSION; a word that is neither is refused.
+    for given, base in (("v1.0", "tpkg==1.0"), ("tpkg==1.0.5", "tpkg==1.0.5")):
+        report = json.loads(run_cli(*run, "--dry-run", "--base", given, env=env).stdout)
+        assert report["base"] == base and report["base_how"].startswith("--base")
+    proc = run_cli(*run, "--dry-run", "--base", "latest", env=env, rc=2)
+    assert "--base latest: neither NAME==VERSION" in proc.stderr
+    text = run_cli(*run[:-1], "--dry-run", env=env).stdout
+    assert "    base: release tags of the remote 'upstream': v1.1 is nearest" in text

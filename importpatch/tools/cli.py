@@ -563,7 +563,8 @@ def cmd_from_git(args: argparse.Namespace) -> int:
             return 3
     report = fromgit.from_git(
         args.repo, args.revs, to=args.to, package=args.package, name=args.name,
-        squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force)
+        squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force,
+        base_spec=args.base)
     if args.json:
         emit_json(report.to_json())
         return report.exit_status
@@ -572,7 +573,8 @@ def cmd_from_git(args: argparse.Namespace) -> int:
              "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)",
              "nothing": "nothing to carry (no code of the package changed)"}
     lines = [f"from-git {report.repo} {' '.join(report.revs)}: package {report.package}, "
-             f"base {report.base or 'unknown release'} -> {report.target}"]
+             f"base {report.base or 'unknown release'} -> {report.target}",
+             f"    base: {report.base_how}"]
     if report.merges:
         lines.append(f"    {len(report.merges)} merge commit(s) left out")
     totals: dict[str, int] = {}
@@ -623,6 +625,10 @@ def add_from_git(command: Any) -> None:
     f.add_argument("--name", metavar="PREFIX",
                    help="patch names PREFIX-0001-subject... (default: the repository's folder "
                         "name); with --squash the one patch's name")
+    f.add_argument("--base", metavar="RELEASE",
+                   help="the release the commits sit on (their Base:): a tag of REPO (v0.16.0), "
+                        "NAME==VERSION or a version (default: the release tag, of the remote "
+                        "'upstream' if there is one, nearest the range start by merge-base)")
     f.add_argument("--squash", action="store_true", help="one patch for all the commits")
     f.add_argument("--out", metavar="PATH",
                    help="folder (or file, with --squash) (default: the first folder of "

