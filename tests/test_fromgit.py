@@ -450,5 +450,43 @@ def test_the_base_is_the_upstream_release_the_fork_sits_on(
         assert report["base"] == base and report["base_how"].startswith("--base")
     proc = run_cli(*run, "--dry-run", "--base", "latest", env=env, rc=2)
     assert "--base latest: neither NAME==VERSION" in proc.stderr
-    text = run_cli(*run[:-1], "--dry-run", env=env).stdout
-    assert "    base: release tags of the remote 'upstream': v1.1 is nearest" in text
+    text = " ".join(run_cli(*run[:-1], "--dry-run", env=env).stdout.split())
+    assert " base: release tags of the remote 'upstream': v1.1 is nearest" in text
+
+
+def test_a_module_that_became_a_package_is_named_as_the_target_has_it(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """tpkg/core.py of the fork is tpkg/core/__init__.py in release 1.5.0: the carried diffs
+    name that file (git apply on the target works, a later commit's edit lands on top) and the
+    report says what moved."""
+    target = release_tree(tmp_path / "t150", "1.5.0", upstream_core())
+    core = target / "tpkg" / "core.py"
+    (target / "tpkg" / "core").mkdir()
+    core.rename(target / "tpkg" / "core" / "__init__.py")
+    out = tmp_path / "out"
+    out.mkdir()
+    report = json.loads(run_cli("from-git", str(fork), "v1.4.0..HEAD", "--to", str(target),
+                                "--name", "fork", "--out", str(out), "--json", env=env,
+                                rc=1).stdout)
+    assert statuses(report)[0] == ("fork-0001-fork-three", "carried")
+    p1, p2, _, _, p5 = report["patches"]
+    [f1] = p1["files"]
+    assert f1["path"] == "tpkg/core.py" and f1["target_path"] == "tpkg/core/__init__.py"
+    assert f1["detail"] == ("tpkg/core.py is tpkg/core/__init__.py in tpkg==1.5.0: the module "
+                            "became a package")
+    text = " ".join(run_cli("from-git", str(fork), "v1.4.0..HEAD", "--to", str(target),
+                            "--dry-run", env=env, rc=1).stdout.split())  # lines are wrapped
+    assert " tpkg/core.py: merged (tpkg/core.py is tpkg/core/__init__.py in tpkg==1.5.0" in text, text
+    checkout = tmp_path / "checkout"
+    (checkout / "tpkg" / "core").mkdir(parents=True)
+    (checkout / "tpkg" / "core" / "__init__.py").write_text(upstream_core())
+    (checkout / "tpkg" / "sub").mkdir()
+    (checkout / "tpkg" / "sub" / "engine.py").write_text("def step():\n    return 1\n")
+    git(checkout, "init", "-q")
+    for p in (p1, p2, p5):
+        assert "diff --git a/tpkg/core/__init__.py b/tpkg/core/__init__.py\n" in Path(
+            p["out"]).read_text()
+        git(checkout, "apply", p["out"])
+    moved = (checkout / "tpkg" / "core" / "__init__.py").read_text()
+    assert "x + 33\n" in moved and "x + 300\n" in moved

@@ -231,9 +231,24 @@ class FileResult:
     conflicts: list[rebase.Conflict]
     work_file: str | None = None
     detail: str = ""
+    target_path: str = ""  # the file in the target the carried diff names ("" if none)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def target_path(rel: str, file: str, label: str) -> tuple[str, str]:
+    """(the path the carried diff names, what moved or "") for the repository's file ``rel``
+    whose module the target has as ``file``: a module that became a package
+    (``vllm/utils.py`` -> ``vllm/utils/__init__.py``), or a package that became a module."""
+    init = "/__init__.py"
+    if file.replace(os.sep, "/").endswith(init) and not rel.endswith(init):
+        there = rel[: -len(".py")] + init
+        return there, f"{rel} is {there} in {label}: the module became a package"
+    if rel.endswith(init) and not file.replace(os.sep, "/").endswith(init):
+        there = rel[: -len(init)] + ".py"
+        return there, f"{rel} is {there} in {label}: the package became a module"
+    return rel, ""
 
 
 @dataclasses.dataclass
@@ -488,6 +503,8 @@ def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -
         return Base(None, None, "no release tag related to the range start")
     _, version, tag, ahead, behind = best
     where = f"release tags of the remote {upstream!r}" if upstream else "release tags"
+    if ahead == behind == 0:
+        return Base(tag, f"{dist}=={version}", f"{where}: the range start is {tag}")
     return Base(tag, f"{dist}=={version}",
                 f"{where}: {tag} is nearest the range start {start[:12]} ({ahead} commit(s) of "
                 f"the start not in {tag}, {behind} of {tag} not in the start; --base to choose)")
@@ -625,13 +642,15 @@ def from_git(
                 result.files.append(FileResult(rel, module, "missing", [], [],
                                                detail=f"no module {module} in {target.label}"))
                 continue
-            theirs = state[rel] if rel in state else target.text(file)
+            there, moved = target_path(rel, file, target_label)
+            theirs = state[there] if there in state else target.text(file)
             fm = rebase.merge_file(old, theirs, fps[rel], labels)
             how_file = fm.how
             if fm.clean and all(h.status == rebase.UPSTREAM for h in fm.hunks):
                 how_file = rebase.UPSTREAM
-            result.files.append(FileResult(rel, module, how_file, fm.hunks, fm.conflicts))
-            merged.append((rel, module, theirs, fm.text))
+            result.files.append(FileResult(rel, module, how_file, fm.hunks, fm.conflicts,
+                                           detail=moved, target_path=there))
+            merged.append((there, module, theirs, fm.text))
         if all(f.how in (rebase.APPLIED, rebase.MERGED, rebase.UPSTREAM) for f in result.files):
             carried_body = "".join(diffs.make_diff(t, m, rel) for rel, _, t, m in merged)
             for rel, _, _, m in merged:
@@ -695,7 +714,7 @@ def _write(report: Report, out: str | None, work: str | None, force: bool,
             header=p.preamble, patch_file=p.out,
             note=f"from-git of {p.commit[:12]}: conflict carrying it to {report.target}")
         session.missing = {f.path: f.detail for f in p.files if f.how == "missing"}
-        by_rel = {f.path: f for f in p.files}
+        by_rel = {f.target_path or f.path: f for f in p.files}
         for rel, module, theirs, text in p.merged:
             authoring.write_text(session.path(authoring.ORIG, rel), theirs)
             authoring.write_text(session.path(authoring.EDIT, rel), text)
