@@ -365,12 +365,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
     source = packages.open_source(args.against)
     by_module: dict[tuple[str, str], list[Any]] = {}
     missing: list[dict[str, Any]] = []
+    added: list[dict[str, Any]] = []
     for op in patch.ops:
         if op.kind not in CODE_KINDS:
             continue
         found = [(m, f) for m in op.modules if (f := source.find(m)) is not None]
         if found:
             by_module.setdefault(found[0], []).append(op)
+        elif op.file_patch is not None and op.file_patch.created:  # a module the patch adds
+            fp = op.file_patch
+            added.append({"module": op.modules[0], "file": None, "path": fp.path,
+                          "diff": _make_diff(None, fp.new_text(), fp.path), "error": None})
         else:
             missing.append({
                 "module": op.modules[0], "file": None, "path": None, "diff": "",
@@ -390,7 +395,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         except PatchError as exc:
             row["diff"], row["error"] = "", exc.what
         modules.append(row)
-    modules += missing
+    modules += added + missing
     status = 1 if any(m["error"] for m in modules) else 0
     if args.json:
         emit_json({"patch": patch.name, "against": _against_json(source), "modules": modules,
@@ -410,7 +415,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return status
 
 
-def _make_diff(old: str, new: str, path: str) -> str:
+def _make_diff(old: str | None, new: str, path: str) -> str:
     from importpatch.rewrite.diffs import make_diff
 
     return make_diff(old, new, path)

