@@ -6,7 +6,9 @@ release (the release branch's tree, which holds the fixes cherry-picked into it)
 cherry-pick`` of the same commits onto the release in a scratch clone is the reference (a
 conflicting pick is aborted and the next one tried, as from-git leaves a conflicting patch out).
 Per commit: clean (carried), upstream (every change already in the release), conflict, or
-nothing to carry (no Python file of the package).
+nothing to carry (no Python file of the package). Where both are clean, the commit's files after
+git's pick and after ``git apply`` of from-git's carried patches, one by one, must be the same
+text (new modules included). Exit status 1 also when they differ.
 
     python scripts/fork_corpus.py [MIRROR] --release v0.16.0 --main main --count 25 [--json]
     python scripts/fork_corpus.py --synthetic [--json]     # a generated history, no mirror
@@ -73,6 +75,14 @@ def synthetic(folder: str) -> tuple[str, str, str]:
         m, i = n % 4, n
         if n % 6 == 5:  # a commit without Python
             write(f"csrc/k{n}.cu", f"// {n}\n")
+        elif n == 10:  # a new module, edited again by commit 16
+            write("tpkg/added.py", "def helper(x):\n    return x * 2\n")
+        elif n == 16:
+            write("tpkg/added.py", read("tpkg/added.py").replace("x * 2", "x * 3"))
+        elif n == 20:  # a chmod beside an edit
+            os.chmod(os.path.join(repo, "tpkg", "m1.py"), 0o755)
+            write("tpkg/m0.py", read("tpkg/m0.py").replace(
+                f"return x + {i}\n", f"return x + {i} + {n}\n", 1))
         else:
             write(f"tpkg/m{m}.py", read(f"tpkg/m{m}.py").replace(
                 f"return x + {i}\n", f"return x + {i} + {n}\n", 1))
@@ -140,12 +150,20 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
         report = fromgit.from_git(clone, [f"{point}..{line[-1]}"], to=tree, package=package,
                                   dry_run=True)
         by_commit = {p.commit: p for p in report.patches}
-        # git cherry-pick of the same commits onto the release, a conflict aborted and skipped.
-        work = os.path.join(tmp, "work")
+        # git cherry-pick of the same commits onto the release, a conflict aborted and skipped;
+        # beside it, from-git's carried patches applied (git apply) one by one to the release.
+        work, ours_tree = os.path.join(tmp, "work"), os.path.join(tmp, "ours")
         stand_in_missing_blobs(clone, [rel, *line, *(f"{c}^" for c in line)])
         git(clone, "worktree", "add", "-q", "--detach", work, rel)
+        git(clone, "worktree", "add", "-q", "--detach", ours_tree, rel)
         rows = []
         for sha in line:
+            p = by_commit.get(sha)
+            applied_ours = ""
+            if p is not None and p.status == "carried":
+                done = subprocess.run(["git", "-C", ours_tree, "apply", "-"], input=p.text,
+                                      capture_output=True, text=True)
+                applied_ours = "" if done.returncode == 0 else done.stderr.strip()[:200]
             done = git(work, "cherry-pick", "--allow-empty", "--keep-redundant-commits", "-x",
                        sha, check=False)
             if done.returncode == 0:
@@ -156,13 +174,23 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
                 unmerged = git(work, "diff", "--name-only", "--diff-filter=U").stdout.split()
                 git(work, "cherry-pick", "--abort", check=False)
                 g = "conflict"
-            p = by_commit.get(sha)
             ours = "nothing" if p is None else {"carried": "clean"}.get(p.status, p.status)
+            same: bool | None = None  # both clean: the commit's files, text for text
+            if ours == "clean" and g == "clean" and p is not None:
+                same = not applied_ours and all(
+                    _read(work, f.target_path or f.path) == _read(ours_tree,
+                                                                  f.target_path or f.path)
+                    for f in p.files)
             py_conflict = any(u.startswith(package + "/") and u.endswith(".py")
                               for u in unmerged)
             rows.append({"commit": sha[:12], "subject": git(clone, "log", "-1", "--format=%s",
                                                             sha).stdout.strip()[:60],
                          "importpatch": ours, "git": g, "git_python_conflict": py_conflict,
+                         "same_text": same, "apply_error": applied_ours,
+                         "new_modules": sorted(f.path for f in p.files
+                                               if f.detail.startswith("a new module"))
+                         if p else [],
+                         "not_carried": dict(p.not_carried) if p else {},
                          "hunks": p.counts() if p else {}})
     ours_c = Counter(r["importpatch"] for r in rows)
     git_c = Counter(r["git"] for r in rows)
@@ -177,8 +205,21 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
         "hunks": dict(hunks),
         "clean_where_git_conflicts": sum(1 for r in rows if r["importpatch"] == "clean"
                                          and r["git_python_conflict"]),
+        "both_clean": sum(1 for r in rows if r["same_text"] is not None),
+        "text_differs": [r["commit"] for r in rows if r["same_text"] is False],
+        "new_modules": sum(len(r["new_modules"]) for r in rows),
+        "mode_changes": sum(1 for r in rows for why in r["not_carried"].values()
+                            if "a mode is not code" in why),
         "rows": rows,
     }
+
+
+def _read(tree: str, rel: str) -> bytes | None:
+    try:
+        with open(os.path.join(tree, rel), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         print("importpatch:", data["importpatch"], " hunks:", data["hunks"])
         print("cherry-pick:", data["cherry_pick"])
         print("clean where git conflicts on Python files:", data["clean_where_git_conflicts"])
-    return 1 if data["clean_where_git_conflicts"] else 0
+        print(f"both clean: {data['both_clean']}, file text differs: "
+              f"{', '.join(data['text_differs']) or 'none'}; new modules carried: "
+              f"{data['new_modules']}, mode changes noted: {data['mode_changes']}")
+    return 1 if data["clean_where_git_conflicts"] or data["text_differs"] else 0
 
 
 if __name__ == "__main__":

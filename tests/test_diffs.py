@@ -236,6 +236,62 @@ def test_harmless_git_extended_headers_are_ignored() -> None:
     assert patched("line 1\n", diff) == "one\n"
 
 
+def test_a_mode_only_section_is_listed_and_the_rest_applies() -> None:
+    """git diff of a commit that edits one file and chmods another: git apply accepts it, and
+    so does parse (the mode is not code: listed in ``modes``, the content patch applies)."""
+    diff = (
+        "diff --git a/pkg/b.py b/pkg/b.py\nold mode 100755\nnew mode 100644\n"
+        "diff --git a/pkg/a.py b/pkg/a.py\nold mode 100644\nnew mode 100755\n"
+        "index 1111111..2222222\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-line 1\n+one\n"
+        'diff --git "a/pkg/\\303\\251 x.py" "b/pkg/\\303\\251 x.py"\nold mode 100644\n'
+        "new mode 100755\n"
+    )
+    parsed = parse(diff)
+    assert [f.path for f in parsed.files] == ["pkg/a.py"]
+    assert apply("line 1\n", parsed.files[0]) == "one\n"
+    assert [(m.path, m.old_mode, m.new_mode, m.only) for m in parsed.modes] == [
+        ("pkg/b.py", "100755", "100644", True), ("pkg/a.py", "100644", "100755", False),
+        ("pkg/\u00e9 x.py", "100644", "100755", True)]
+    assert parsed.modes[0].describe() == "mode 100755 -> 100644"
+
+
+@pytest.mark.parametrize(
+    "diff",
+    [
+        pytest.param("diff --git a/p/m.py b/p/m.py\nnew file mode 100644\nindex 0000000..3e75765\n"
+                     "--- /dev/null\n+++ b/p/m.py\n@@ -0,0 +1,2 @@\n+new\n+two\n", id="git"),
+        pytest.param("--- /dev/null\n+++ b/p/m.py\n@@ -0,0 +1,2 @@\n+new\n+two\n", id="dev-null"),
+        pytest.param(make_diff(None, "new\ntwo\n", "p/m.py"), id="make_diff"),
+    ],
+)
+def test_a_new_file_is_a_module_the_patch_adds(diff: str) -> None:
+    """A new file applies to the empty text of a module that does not exist; where the module
+    exists with the same text it is already applied, with other text it does not apply."""
+    [f] = parse(diff).files
+    assert f.created and (f.old_path, f.path, f.module) == (None, "p/m.py", "p.m")
+    assert apply("", f) == f.new_text() == "new\ntwo\n"
+    with pytest.raises(HunkMismatch) as info:
+        apply("new\ntwo\n", f)
+    assert info.value.all_applied
+    with pytest.raises(HunkMismatch) as info:
+        apply("old = 1\n", f)
+    assert not info.value.all_applied and "adds this module as a new file, and this version " \
+        "has a module of that name with other text" in info.value.message()
+
+
+def test_a_new_empty_file_has_no_hunk() -> None:
+    diff = ("diff --git a/p/e/__init__.py b/p/e/__init__.py\nnew file mode 100644\n"
+            "index 0000000..e69de29\n")
+    assert make_diff(None, "", "p/e/__init__.py") == diff.replace("index 0000000..e69de29\n", "")
+    [f] = parse(diff).files
+    assert f.created and f.hunks == () and f.module == "p.e" and apply("", f) == ""
+
+
+def test_a_new_file_has_one_whole_hunk() -> None:
+    with pytest.raises(DiffError, match="a new file's diff"):
+        parse("--- /dev/null\n+++ b/m.py\n@@ -0,0 +2 @@\n+new\n")
+
+
 def test_multi_hunk_and_multi_file() -> None:
     old = numbered(30)
     new = old.replace("line 3\n", "three\n").replace("line 25\n", "")
@@ -625,16 +681,6 @@ def test_a_partly_applied_diff_says_which_hunks_are_upstream() -> None:
     ("diff", "what", "lineno"),
     [
         pytest.param(
-            "diff --git a/m.py b/m.py\nnew file mode 100644\nindex 0000000..3e75765\n"
-            "--- /dev/null\n+++ b/m.py\n@@ -0,0 +1 @@\n+new\n",
-            "file creation",
-            2,
-            id="git-new-file",
-        ),
-        pytest.param(
-            "--- /dev/null\n+++ b/m.py\n@@ -0,0 +1 @@\n+new\n", "file creation", 1, id="dev-null"
-        ),
-        pytest.param(
             "diff --git a/m.py b/m.py\ndeleted file mode 100644\nindex 3e75765..0000000\n"
             "--- a/m.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-old\n",
             "file deletion",
@@ -676,12 +722,6 @@ def test_a_partly_applied_diff_says_which_hunks_are_upstream() -> None:
             id="git-binary-patch",
         ),
         pytest.param("Binary files a/b.bin and b/b.bin differ\n", "binary", 1, id="plain-binary"),
-        pytest.param(
-            "diff --git a/m.py b/m.py\nold mode 100644\nnew mode 100755\n",
-            "mode-only change",
-            1,
-            id="mode-only",
-        ),
         pytest.param(
             "diff --cc m.py\nindex 1,2..3\n--- a/m.py\n+++ b/m.py\n@@@ -1,1 -1,1 +1,1 @@@\n",
             "combined",

@@ -119,20 +119,20 @@ def test_a_fork_becomes_ordered_patches_carried_to_the_next_release(
     assert statuses(report) == [("fork-0001-fork-three", "carried"),
                                 ("fork-0002-fork-thirty-and-the-engine", "carried"),
                                 ("fork-0003-fork-ten", "conflict"),
-                                ("fork-0004-fix-twenty-merged-upstream-since", "upstream"),
+                                ("fork-0004-fix-twenty-merged-upstream-since", "carried"),
                                 ("fork-0005-fork-three-again", "carried")]
     p1, p2, p3, p4, p5 = report["patches"]
     assert p1["not_carried"] == {"csrc/kernel.cu": "not a Python file",
                                  "tests/test_core.py": "outside the package tpkg/"}
     assert p2["not_carried"] == {"setup.py": "outside the package tpkg/"}
-    assert p4["not_carried"] == {
-        "tpkg/new.py": "a new file (a diff patch changes existing modules)"}
+    assert p4["not_carried"] == {}  # its new module is carried (its fix is upstream)
+    assert [(f["path"], f["how"], f["detail"]) for f in p4["files"]] == [
+        ("tpkg/core.py", "upstream", ""), ("tpkg/new.py", "merged", "a new module")]
     assert [h["status"] for f in p2["files"] for h in f["hunks"]] == ["applied", "applied"]
     assert p3["hunks"]["conflict"] == 1 and p4["hunks"]["upstream"] == 1
-    assert p4["out"] is None  # nothing left to carry: no file
 
     patches = Path(env["IMPORTPATCH_PATH"])
-    assert sorted(os.listdir(patches)) == [f"{p['name']}.diff" for p in (p1, p2, p3, p5)]
+    assert sorted(os.listdir(patches)) == [f"{p['name']}.diff" for p in (p1, p2, p3, p4, p5)]
     head = (patches / f"{p1['name']}.diff").read_text().split("diff --git", 1)[0]
     assert head.startswith("Name: fork-0001-fork-three\nBase: tpkg==1.5.0\n"
                            "Requires: tpkg>=1.5,<1.6\nDefault: off\nSummary: Fork: three\n")
@@ -151,8 +151,9 @@ def test_a_fork_becomes_ordered_patches_carried_to_the_next_release(
     (checkout / "tpkg" / "core.py").write_text(upstream_core())
     (checkout / "tpkg" / "sub" / "engine.py").write_text("def step():\n    return 1\n")
     git(checkout, "init", "-q")
-    for p in (p1, p2, p5):
+    for p in (p1, p2, p4, p5):
         git(checkout, "apply", str(patches / f"{p['name']}.diff"))
+    assert (checkout / "tpkg" / "new.py").read_text() == "y = 1\n"  # the new module
     core = (checkout / "tpkg" / "core.py").read_text()
     assert "x + 33\n" in core and "x + 300\n" in core and "x + 10 + 0\n" in core
     assert core.count("x + 20 + 0\n") == 1  # the upstream fix is not made twice
@@ -176,7 +177,7 @@ def test_carried_patches_patch_the_installed_release_in_a_spawned_process(
                                 "--json", env=env, rc=1, python=py).stdout)
     assert report["target"] == "tpkg==1.5.0"  # the installed release (default --to)
     names = [p["name"] for p in report["patches"] if p["status"] == "carried"]
-    assert len(names) == 2
+    assert len(names) == 3  # the third adds tpkg.new
     code = ("import multiprocessing as mp, tpkg.core as c, tpkg.sub.engine as e\n"
             "def child(q): import tpkg.core as c; q.put(c.f30(0))\n"
             "if __name__ == '__main__':\n"
@@ -267,6 +268,10 @@ def test_fork_corpus_script_on_a_synthetic_history(tmp_path: Path) -> None:
         cherry["clean"], cherry["upstream"], cherry["conflict"])
     # Never clean where git conflicts on the same commit.
     assert data["clean_where_git_conflicts"] == 0
+    # Where both are clean, the same file text (a new module and its later edit included), and
+    # the chmod beside an edit noted, not a crash.
+    assert data["both_clean"] >= 10 and data["text_differs"] == []
+    assert data["new_modules"] == 1 and data["mode_changes"] == 1
 
 
 @pytest.mark.skipif(not os.environ.get("IMPORTPATCH_VLLM_MIRROR"),
@@ -283,3 +288,318 @@ def test_fork_corpus_on_vllm_history() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["commits"] >= 20 and data["clean_where_git_conflicts"] == 0
+
+
+# -- issue 29: mode changes, missing objects, the base, a module that became a package -----------
+
+
+def chmod_fork(tmp_path: Path) -> Path:
+    """pkg/a.py and an executable pkg/b.py, tag v1.0; one commit edits a.py and chmods b.py -x
+    (and a.py +x: a mode change beside a content change)."""
+    repo = tmp_path / "chmod"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, "release 1.0", {"pkg/__init__.py": "", "pkg/a.py": CORE,
+                                 "pkg/b.py": "#!/usr/bin/env python\nprint('b')\n"})
+    (repo / "pkg" / "b.py").chmod(0o755)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "b is a script")
+    git(repo, "tag", "v1.0")
+    (repo / "pkg" / "b.py").chmod(0o644)
+    (repo / "pkg" / "a.py").chmod(0o755)
+    commit(repo, "Edit a, b is no script", {"pkg/a.py": ("x + 3\n", "x + 333\n")})
+    return repo
+
+
+def pkg_tree(root: Path, core: str = CORE) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "a.py").write_text(core)
+    (root / "pkg" / "b.py").write_text("#!/usr/bin/env python\nprint('b')\n")
+    return root
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_a_chmod_beside_an_edit_is_noted_and_the_edit_carried(
+    squash: bool, tmp_path: Path, env: dict[str, str]
+) -> None:
+    repo = chmod_fork(tmp_path)
+    target = pkg_tree(tmp_path / "target", "# newer\n" + CORE)
+    out = tmp_path / "out"
+    out.mkdir()
+    more = ["--squash"] if squash else []
+    proc = run_cli("from-git", str(repo), "v1.0..HEAD", "--to", str(target), "--package", "pkg",
+                   "--out", str(out), "--name", "fork", *more, "--json", env=env)
+    [p] = json.loads(proc.stdout)["patches"]
+    assert p["status"] == "carried", p
+    assert p["not_carried"] == {
+        "pkg/b.py": "only its mode 100755 -> 100644 (a mode is not code)",
+        "pkg/a.py": "its mode 100644 -> 100755 (a mode is not code; its content is carried)"}
+    assert [f["path"] for f in p["files"]] == ["pkg/a.py"]
+    checkout = tmp_path / "checkout"
+    pkg_tree(checkout, "# newer\n" + CORE)
+    git(checkout, "init", "-q")
+    git(checkout, "apply", p["out"])
+    assert "x + 333\n" in (checkout / "pkg" / "a.py").read_text()
+    text = run_cli("from-git", str(repo), "v1.0..HEAD", "--to", str(target), "--package", "pkg",
+                   "--dry-run", *more, env=env).stdout
+    assert "not carried: pkg/b.py (only its mode 100755 -> 100644 (a mode is not code))" in text
+
+
+def test_a_saved_git_diff_with_a_chmod_section_is_a_patch(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """``git diff`` of that commit (a mode-only section for b.py) saved as a patch: check
+    applies its content, and the installed hook patches the module (git apply accepts it too)."""
+    repo = chmod_fork(tmp_path)
+    diff = git(repo, "diff", "v1.0", "HEAD")
+    assert diff.endswith("diff --git a/pkg/b.py b/pkg/b.py\nold mode 100755\nnew mode 100644\n")
+    patches = Path(env["IMPORTPATCH_PATH"])
+    (patches / "chmodded.diff").write_text("Name: chmodded\n" + diff)
+    site = pkg_tree(tmp_path / "site")
+    check = run_cli("check", "chmodded", "--against", str(site), "--json", env=env)
+    [result] = json.loads(check.stdout)["patches"]
+    assert result["status"] == "ok" and [op["module"] for op in result["ops"]] == ["pkg.a"]
+    code = "import pkg.a; print(pkg.a.f3(0))"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env={**env, "PYTHONPATH": str(site), "IMPORTPATCH_ENABLE": "chmodded"})
+    assert on.stdout.split() == ["333"], on.stderr
+
+
+def missing_objects(clone: Path) -> set[str]:
+    listed = git(clone, "rev-list", "--objects", "--all", "--missing=print")
+    return {line[1:] for line in listed.split() if line.startswith("?")}
+
+
+def test_a_missing_object_is_named_with_how_to_fetch_it(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A partial clone (--filter=blob:none): from-git reads the blobs of the package's files
+    only (git fetches those lazily, the rest stays missing); with its remote gone, the object
+    from-git needs is named with the fetch command (exit 2, not 'a bug in importpatch')."""
+    git(fork, "config", "uploadpack.allowFilter", "true")
+    clone = tmp_path / "partial.git"
+    git(tmp_path, "clone", "-q", "--bare", "--filter=blob:none", f"file://{fork}", str(clone))
+    kernel = git(fork, "rev-parse", "HEAD:csrc/kernel.cu").strip()
+    core = git(fork, "rev-parse", "v1.4.0:tpkg/core.py").strip()  # the first commit's parent
+    assert {kernel, core} <= missing_objects(clone)
+    args = ("from-git", str(clone), "v1.4.0..HEAD", "--to", "none", "--json")
+
+    moved = fork.with_name("moved")
+    fork.rename(moved)  # the promisor remote is gone
+    proc = run_cli(*args, env=env, rc=2)
+    error = [line for line in proc.stderr.splitlines() if line.startswith("importpatch: error")]
+    assert len(error) == 1 and proc.stdout == "" and "internal error" not in proc.stderr
+    assert (f"tpkg/core.py at {git(moved, 'rev-parse', 'HEAD~5').strip()[:12]}: object {core} "
+            f"is missing from {clone} (a partial clone: its promisor remote 'origin' did not "
+            "give it)") in error[0]
+    assert f"hint: fetch it where 'origin' is reachable: git -C {clone} fetch origin {core}" in (
+        proc.stderr)
+    assert os.listdir(env["IMPORTPATCH_PATH"]) == []
+
+    moved.rename(fork)  # back: git fetches what from-git reads, and only that
+    report = json.loads(run_cli(*args, env=env).stdout)
+    assert len(report["patches"]) == 5
+    assert core not in missing_objects(clone) and kernel in missing_objects(clone)
+
+
+def test_a_shallow_clone_says_how_to_deepen_it(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "2", f"file://{fork}", str(shallow))
+    for revs, said in ((["v1.4.0..HEAD"], "unknown revision 'v1.4.0'"),
+                       (["HEAD~1"], "has no parent")):
+        proc = run_cli("from-git", str(shallow), *revs, "--to", "none", env=env, rc=2)
+        assert f"{said}" in proc.stderr and "(a shallow clone: its history stops early)" in (
+            proc.stderr), proc.stderr
+        assert f"hint: git -C {shallow} fetch --unshallow (or --deepen=N)" in proc.stderr
+    assert len(json.loads(run_cli("from-git", str(shallow), "HEAD", "--to", "none", "--json",
+                                  env=env).stdout)["patches"]) == 1
+
+
+def test_the_base_is_the_upstream_release_the_fork_sits_on(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """upstream: v1.0 on main, v1.1 on a release branch (a fix picked onto it); a fork of v1.1
+    (remote 'upstream') tags its own v0.1.0 on its first commit. git describe of the range
+    start names the fork's tag; the base is v1.1, and the report says how it was found."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    git(up, "init", "-q", "-b", "main")
+    commit(up, "release 1.0", {"tpkg/__init__.py": "", "tpkg/core.py": CORE})
+    git(up, "tag", "v1.0")
+    commit(up, "main goes on", {"tpkg/core.py": ("x + 1\n", "x + 1 + 0\n")})
+    git(up, "checkout", "-q", "-b", "release-1.1", "v1.0")
+    commit(up, "fix for 1.1", {"tpkg/core.py": ("x + 2\n", "x + 2 + 0\n")})
+    git(up, "tag", "-a", "v1.1", "-m", "1.1")
+    git(up, "checkout", "-q", "main")
+    commit(up, "main goes on again", {"tpkg/core.py": ("x + 5\n", "x + 5 + 0\n")})
+    fork = tmp_path / "fork"
+    git(tmp_path, "clone", "-q", "-o", "upstream", "-b", "v1.1", str(up), str(fork))
+    git(fork, "checkout", "-q", "-b", "fork")
+    commit(fork, "Fork 1", {"tpkg/core.py": ("x + 3\n", "x + 33\n")})
+    git(fork, "tag", "v0.1.0")  # the fork's own version
+    commit(fork, "Fork 2", {"tpkg/core.py": ("x + 4\n", "x + 44\n")})
+    assert git(fork, "describe", "--tags", "--abbrev=0", "v0.1.0").strip() == "v0.1.0"
+    run = ("from-git", str(fork), "v0.1.0..HEAD", "--to", "none", "--json")
+    report = json.loads(run_cli(*run, env=env).stdout)
+    assert report["base"] == "tpkg==1.1", report.get("base_how")
+    assert report["base_how"].startswith(
+        "release tags of the remote 'upstream': v1.1 is nearest the range start")
+    written = Path(env["IMPORTPATCH_PATH"]) / report["patches"][0]["name"]
+    assert "Base: tpkg==1.1\nRequires: tpkg>=1.1,<1.2\n" in written.with_suffix(".diff").read_text()
+    # --base chooses: a tag, NAME==VERSION; a word that is neither is refused.
+    for given, base in (("v1.0", "tpkg==1.0"), ("tpkg==1.0.5", "tpkg==1.0.5")):
+        report = json.loads(run_cli(*run, "--dry-run", "--base", given, env=env).stdout)
+        assert report["base"] == base and report["base_how"].startswith("--base")
+    proc = run_cli(*run, "--dry-run", "--base", "latest", env=env, rc=2)
+    assert "--base latest: neither NAME==VERSION" in proc.stderr
+    text = " ".join(run_cli(*run[:-1], "--dry-run", env=env).stdout.split())
+    assert " base: release tags of the remote 'upstream': v1.1 is nearest" in text
+
+
+def test_a_module_that_became_a_package_is_named_as_the_target_has_it(
+    fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """tpkg/core.py of the fork is tpkg/core/__init__.py in release 1.5.0: the carried diffs
+    name that file (git apply on the target works, a later commit's edit lands on top) and the
+    report says what moved."""
+    target = release_tree(tmp_path / "t150", "1.5.0", upstream_core())
+    core = target / "tpkg" / "core.py"
+    (target / "tpkg" / "core").mkdir()
+    core.rename(target / "tpkg" / "core" / "__init__.py")
+    out = tmp_path / "out"
+    out.mkdir()
+    report = json.loads(run_cli("from-git", str(fork), "v1.4.0..HEAD", "--to", str(target),
+                                "--name", "fork", "--out", str(out), "--json", env=env,
+                                rc=1).stdout)
+    assert statuses(report)[0] == ("fork-0001-fork-three", "carried")
+    p1, p2, _, _, p5 = report["patches"]
+    [f1] = p1["files"]
+    assert f1["path"] == "tpkg/core.py" and f1["target_path"] == "tpkg/core/__init__.py"
+    assert f1["detail"] == ("tpkg/core.py is tpkg/core/__init__.py in tpkg==1.5.0: the module "
+                            "became a package")
+    text = " ".join(run_cli("from-git", str(fork), "v1.4.0..HEAD", "--to", str(target),
+                            "--dry-run", env=env, rc=1).stdout.split())  # lines are wrapped
+    assert " tpkg/core.py: merged (tpkg/core.py is tpkg/core/__init__.py in tpkg==1.5.0" in text
+    checkout = tmp_path / "checkout"
+    (checkout / "tpkg" / "core").mkdir(parents=True)
+    (checkout / "tpkg" / "core" / "__init__.py").write_text(upstream_core())
+    (checkout / "tpkg" / "sub").mkdir()
+    (checkout / "tpkg" / "sub" / "engine.py").write_text("def step():\n    return 1\n")
+    git(checkout, "init", "-q")
+    for p in (p1, p2, p5):
+        assert "diff --git a/tpkg/core/__init__.py b/tpkg/core/__init__.py\n" in Path(
+            p["out"]).read_text()
+        git(checkout, "apply", p["out"])
+    moved = (checkout / "tpkg" / "core" / "__init__.py").read_text()
+    assert "x + 33\n" in moved and "x + 300\n" in moved
+
+
+# -- issue 29 item 3: new modules ------------------------------------------------------------------
+
+HELPER = "def g():\n    return 42\n"
+
+
+@pytest.fixture
+def adding_fork(tmp_path: Path) -> Path:
+    """v1.4.0, then: a commit adding tpkg/helper.py, a new package tpkg/sub/newpkg (an empty
+    __init__.py and mod.py), a data file, deleting tpkg/sub/engine.py and making core use the
+    helper; a second commit editing the new helper."""
+    repo = tmp_path / "adding"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, "release 1.4.0", {"tpkg/__init__.py": '__version__ = "1.4.0"\n',
+                                   "tpkg/core.py": CORE, "tpkg/sub/__init__.py": "",
+                                   "tpkg/sub/engine.py": "def step():\n    return 1\n"})
+    git(repo, "tag", "v1.4.0")
+    (repo / "tpkg" / "sub" / "engine.py").unlink()
+    commit(repo, "Add a helper", {
+        "tpkg/helper.py": HELPER, "tpkg/sub/newpkg/__init__.py": "",
+        "tpkg/sub/newpkg/mod.py": "from tpkg.helper import g\n\nVALUE = g() + 1\n",
+        "tpkg/data.json": "{}\n",
+        "tpkg/core.py": ("    return x + 3\n", "    from tpkg.helper import g\n    return g()\n")})
+    commit(repo, "Helper says 43", {"tpkg/helper.py": ("return 42", "return 43")})
+    return repo
+
+
+def test_from_git_carries_new_modules_in_commit_order(
+    adding_fork: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    target = release_tree(tmp_path / "t150", "1.5.0", upstream_core())
+    (target / "tpkg" / "sub" / "engine.py").unlink()
+    report = json.loads(run_cli("from-git", str(adding_fork), "v1.4.0..HEAD", "--to", str(target),
+                                "--name", "add", "--json", env=env).stdout)
+    assert statuses(report) == [("add-0001-add-a-helper", "carried"),
+                                ("add-0002-helper-says-43", "carried")]
+    p1, p2 = report["patches"]
+    assert p1["not_carried"] == {"tpkg/data.json": "not a Python file",
+                                 "tpkg/sub/engine.py": "a deleted module (a patch cannot delete "
+                                                       "a module)"}
+    assert [(f["path"], f["how"], f["detail"]) for f in p1["files"]] == [
+        ("tpkg/core.py", "merged", ""), ("tpkg/helper.py", "merged", "a new module"),
+        ("tpkg/sub/newpkg/__init__.py", "merged", "a new module"),
+        ("tpkg/sub/newpkg/mod.py", "merged", "a new module")]
+    first, second = (Path(p["out"]).read_text() for p in (p1, p2))
+    assert ("diff --git a/tpkg/helper.py b/tpkg/helper.py\nnew file mode 100644\n"
+            "--- /dev/null\n+++ b/tpkg/helper.py\n@@ -0,0 +1,2 @@\n") in first
+    assert "--- a/tpkg/helper.py\n+++ b/tpkg/helper.py\n" in second  # an edit on top of it
+
+    # git applies the chain to a checkout of the release: the new files as the fork has them.
+    checkout = tmp_path / "checkout"
+    (checkout / "tpkg" / "sub").mkdir(parents=True)
+    (checkout / "tpkg" / "core.py").write_text(upstream_core())
+    git(checkout, "init", "-q")
+    for p in (p1, p2):
+        git(checkout, "apply", p["out"])
+    for rel in ("tpkg/helper.py", "tpkg/sub/newpkg/mod.py", "tpkg/sub/newpkg/__init__.py"):
+        assert (checkout / rel).read_text() == (adding_fork / rel).read_text(), rel
+
+    # The hook adds the modules, in a spawned child too; status names them; check passes.
+    names = ",".join(p["name"] for p in (p1, p2))
+    env = {**env, "PYTHONPATH": str(target), "IMPORTPATCH_EVENTS_DIR": str(tmp_path / "ev")}
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import multiprocessing as mp\n"
+        "def child(q):\n"
+        "    import tpkg.core, tpkg.sub.newpkg.mod as m; q.put((tpkg.core.f3(0), m.VALUE))\n"
+        "if __name__ == '__main__':\n"
+        "    import tpkg.core, tpkg.helper, inspect\n"
+        "    ctx = mp.get_context('spawn'); q = ctx.Queue()\n"
+        "    p = ctx.Process(target=child, args=(q,)); p.start(); got = q.get(); p.join()\n"
+        "    print(tpkg.core.f3(0), *got, inspect.getsource(tpkg.helper.g).split()[-1])\n")
+    on = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=120, env={**env, "IMPORTPATCH_ENABLE": names})
+    assert on.stdout.split() == ["43", "43", "44", "43"], on.stderr
+    status = run_cli("status", "--events-dir", str(tmp_path / "ev"), env=env).stdout
+    assert "applied add-0001-add-a-helper -> tpkg.helper (new-module)" in status
+    assert "applied add-0002-helper-says-43 -> tpkg.helper (source-diff)" in status
+    assert "applied add-0001-add-a-helper -> tpkg.sub.newpkg.mod (new-module)" in status
+    checked = json.loads(run_cli("check", names.replace(",", " ").split()[0], "--against",
+                                 str(target), "--json", env=env).stdout)["patches"][0]
+    assert checked["status"] == "ok", checked
+    assert "adds module tpkg.helper (a new file, 2 lines)" in [o["detail"] for o in
+                                                              checked["ops"]]
+    off = subprocess.run([sys.executable, "-c", "import tpkg.helper"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert "No module named 'tpkg.helper'" in off.stderr  # off: the module does not exist
+
+    # A release that gained the same helper: that file is already upstream; check says so.
+    newer = release_tree(tmp_path / "t160", "1.6.0", upstream_core())
+    (newer / "tpkg" / "helper.py").write_text(HELPER)
+    again = json.loads(run_cli("from-git", str(adding_fork), "v1.4.0..HEAD", "--to", str(newer),
+                               "--name", "add", "--dry-run", "--json", env=env).stdout)
+    assert [(f["path"], f["how"]) for f in again["patches"][0]["files"]][1] == (
+        "tpkg/helper.py", "upstream")
+    assert "+++ b/tpkg/helper.py" not in again["patches"][0].get("text", "")
+    checked = json.loads(run_cli("check", p1["name"], "--against", str(newer), "--json",
+                                 env=env, rc=1).stdout)["patches"][0]
+    assert [o["status"] for o in checked["ops"] if o["target"] == "tpkg.helper"] == [
+        "already-applied"]
+    # rebase carries the new module too: already upstream in 1.6.0.
+    rebased = json.loads(run_cli("rebase", p1["name"], "--base", str(target), "--to", str(newer),
+                                 "--dry-run", "--json", env=env).stdout)
+    assert [(f["path"], [h["status"] for h in f["hunks"]]) for f in rebased["files"]][1] == (
+        "tpkg/helper.py", ["upstream"])
+    assert "tpkg/helper.py" not in rebased["diff"] and "tpkg/sub/newpkg/mod.py" in rebased["diff"]

@@ -306,7 +306,8 @@ class Patch:
         from importpatch.rewrite import diffs
 
         if not parsed.files:
-            raise DeclarationError(f"{where}: the diff changes no file")
+            only = "".join(f" ({m.path}: {m.describe()}, not code)" for m in parsed.modes[:3])
+            raise DeclarationError(f"{where}: the diff changes no file's content{only}")
         if max_offset is not None and (not isinstance(max_offset, int) or max_offset < 0):
             raise DeclarationError(f"{where}: max_offset must be a whole number >= 0")
         for fp in parsed.files:

@@ -102,6 +102,10 @@ class PatchFinder:
                 _finding[key] = depth
             else:
                 del _finding[key]
+        if spec is None:  # a module an enabled patch adds? (importpatch/load/newmodule.py)
+            from importpatch.load.newmodule import spec_for
+
+            spec = spec_for(fullname, path, entries)
         if spec is None or spec.loader is None or holds_patch_loader(spec.loader):
             return spec
         # duck-typed: subclassing importlib.abc.Loader would import importlib.abc at start
@@ -474,6 +478,8 @@ class PatchLoader:
                 continue
             seen.add((op.patch.name, op.kind))
             how = "source-diff" if op.kind == "diff" else "transform"
+            if op.file_patch is not None and op.file_patch.created:
+                how = "new-module"
             events.record("applied", op.patch.name, self.fullname, how)
 
 
@@ -527,6 +533,8 @@ class WholeDiff:
         for op, module, file, raw in self.others:
             assert op.file_patch is not None
             path = op.file_patch.path
+            if (module is None or file is None) and op.file_patch.created:
+                continue  # a module the patch adds: its import makes it
             if module is None or file is None:
                 problem = (f"{path}: no module {' / '.join(op.modules)} with a .py source to "
                            "patch in this installation")

@@ -85,6 +85,8 @@ def missing(finder: PatchFinder, top: str, path: Any, target: Any,
                 continue
             if any(_exists_under(m, locations) for m in group):
                 continue
+            if _added(finder, group[0]):
+                continue  # a module an enabled patch adds (importpatch/load/newmodule.py)
             if not _requirement_holds(entry):
                 break  # skipped by version anyway: a module may well be missing there
             where = _folder_of(locations, origin)
@@ -95,6 +97,12 @@ def missing(finder: PatchFinder, top: str, path: Any, target: Any,
                                               f"{_version_of(top, locations)} ({where}){hint}"))
     return out
 
+
+
+def _added(finder: PatchFinder, module: str) -> bool:
+    from importpatch.load.newmodule import adds
+
+    return bool(adds(finder.by_module.get(module, []), module))
 
 
 # Finders of importpatch's own on sys.meta_path: never asked for a real spec.

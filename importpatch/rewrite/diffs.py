@@ -18,8 +18,13 @@ Line model (shared by the parser and the applier, which is what makes them agree
   the ``\\ No newline at end of file`` marker does in the diff.
 
 Only what this library can do in memory is accepted: changes to the content of
-existing ``.py`` files.  File creation, deletion, renames, copies, mode-only
-changes, binary and combined diffs raise ``DiffError`` saying "not supported".
+``.py`` files, and new files (``--- /dev/null``: a module a patch adds, applied to the
+empty text of a module that does not exist).  File deletion, renames, copies, binary and
+combined diffs raise ``DiffError`` saying "not supported".  A file's mode is not code: a
+mode-only section (``old mode``/``new mode`` and no content, as ``git diff`` writes
+for a ``chmod``) is accepted as ``git apply`` accepts it, and listed in
+``ParsedDiff.modes`` (with the mode changes of sections that also change content)
+for the caller to report; nothing applies it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "FilePatch",
     "Hunk",
     "HunkMismatch",
+    "ModeChange",
     "ParsedDiff",
     "apply",
     "make_diff",
@@ -303,8 +309,9 @@ class Hunk:
 
 @dataclass(frozen=True)
 class FilePatch:
-    """The hunks for one file.  Invariant: at least one hunk, in ascending,
-    non-overlapping old-side order (so they can be applied in one pass).
+    """The hunks for one file.  Invariant: at least one hunk (a new empty file: none), in
+    ascending, non-overlapping old-side order (so they can be applied in one pass). A new file
+    has no ``old_path`` (``created``).
 
     ``max_offset``: how many lines from its stated position a hunk is searched (the diff header
     ``Max-Offset:``); ``unidiff_zero``: accept hunks without context lines, placed by their line
@@ -316,6 +323,20 @@ class FilePatch:
     hunks: tuple[Hunk, ...]
     max_offset: int = DEFAULT_MAX_OFFSET
     unidiff_zero: bool = False
+
+    @property
+    def created(self) -> bool:
+        """A new file (``--- /dev/null``, ``new file mode``): applied where the module does not
+        exist, to empty text; its one hunk (none for an empty file) is the whole text."""
+        return self.old_path is None
+
+    def new_text(self) -> str:
+        """The whole text of a new file."""
+        if not self.hunks:
+            return ""
+        hunk = self.hunks[-1]
+        text = "".join(line + "\n" for tag, line in hunk.lines if tag == "+")
+        return text[:-1] if hunk.new_eof_no_newline else text
 
     @property
     def path(self) -> str:
@@ -330,9 +351,25 @@ class FilePatch:
 
 
 @dataclass(frozen=True)
+class ModeChange:
+    """A file's mode change in a diff (``old mode 100755`` / ``new mode 100644``): not code,
+    so nothing applies it; ``only``: the section changes nothing else (a ``chmod``)."""
+
+    path: str
+    old_mode: str
+    new_mode: str
+    only: bool
+    lineno: int
+
+    def describe(self) -> str:
+        return f"mode {self.old_mode} -> {self.new_mode}"
+
+
+@dataclass(frozen=True)
 class ParsedDiff:
     preamble: str
     files: tuple[FilePatch, ...]
+    modes: tuple[ModeChange, ...] = ()
 
 
 # --------------------------------------------------------------------------- parsing
@@ -352,10 +389,10 @@ _HUNK_RE = re.compile(
 )
 
 # git extended header lines that do not change what we do with the content.
-_HARMLESS_GIT_HEADERS = ("index ", "old mode ", "new mode ", "dissimilarity index ")
+_HARMLESS_GIT_HEADERS = ("index ", "old mode ", "new mode ", "dissimilarity index ",
+                         "new file mode ")
 # git extended header lines that mean an operation we cannot do in memory.
 _UNSUPPORTED_GIT_HEADERS = {
-    "new file mode ": "file creation",
     "deleted file mode ": "file deletion",
     "rename from ": "rename",
     "rename to ": "rename",
@@ -524,11 +561,28 @@ def _old_range_start(h: Hunk) -> int:
     return h.old_start - 1 if h.old_len else h.old_start
 
 
-def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
-    """Parse one file's patch starting at lines[i] ('diff --git' or '--- ')."""
+def _git_line_path(line: str, lineno: int) -> str:
+    """The path a 'diff --git a/P b/P' line names (its b/ side), quoted or not."""
+    rest = line[len("diff --git ") :]
+    if rest.startswith('"'):
+        _, rest = _unquote_c_style(rest, lineno)
+        rest = rest.lstrip(" ")
+        path = _unquote_c_style(rest, lineno)[0] if rest.startswith('"') else rest
+    else:
+        half = (len(rest) - 1) // 2  # 'a/P b/P': both halves name the same file
+        if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1 :][2:]:
+            path = rest[half + 1 :]
+        else:
+            path = rest.rsplit(" ", 1)[-1]
+    return path[2:] if path.startswith("b/") else path
+
+
+def _parse_file(lines: list[str], i: int) -> tuple[FilePatch | None, ModeChange | None, int]:
+    """Parse one file's patch starting at lines[i] ('diff --git' or '--- '): (its patch, None
+    for a mode-only section; its mode change or None; the index after it)."""
+    modes: dict[str, str] = {}
+    git_line = i
     if lines[i].startswith("diff --git "):
-        git_line = i
-        modes = False
         i += 1
         while i < len(lines) and not lines[i].startswith("--- "):
             line = lines[i]
@@ -539,14 +593,21 @@ def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
                 raise DiffError(f"binary patches are not supported ({line!r})", i + 1)
             if not line.startswith(_HARMLESS_GIT_HEADERS):
                 break
-            modes = modes or line.startswith(("old mode ", "new mode "))
+            if line.startswith(("old mode ", "new mode ")):
+                modes[line[:3]] = line[len("old mode ") :].strip()
             i += 1
+        created = any(lines[k].startswith("new file mode ") for k in range(git_line + 1, i))
+        if created and (i == len(lines) or lines[i].startswith("diff ")):
+            # A new empty file (an __init__.py): git writes no '---'/'+++' lines for it.
+            path = _git_line_path(lines[git_line], git_line + 1)
+            return FilePatch(None, path, ()), None, i
         if i == len(lines) or not lines[i].startswith("--- "):
             if modes and (i == len(lines) or lines[i].startswith("diff ")):
-                raise DiffError(
-                    f"mode-only change is not supported (no content to patch): {lines[git_line]!r}",
-                    git_line + 1,
-                )
+                # A chmod: git apply accepts it; the mode is not code, so it is only listed.
+                path = _git_line_path(lines[git_line], git_line + 1)
+                change = ModeChange(path, modes.get("old", "?"), modes.get("new", "?"), True,
+                                    git_line + 1)
+                return None, change, i
             found = repr(lines[i]) if i < len(lines) else "end of diff"
             raise DiffError(
                 f"expected '--- a/<path>' in the git header that starts at line "
@@ -557,13 +618,12 @@ def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
         raise DiffError(f"expected '+++ b/<path>' after {lines[i]!r}", i + 2)
     old = _header_path(lines[i], "--- ", i + 1)
     new = _header_path(lines[i + 1], "+++ ", i + 2)
-    if old == "/dev/null":
-        raise DiffError(f"file creation is not supported ({lines[i]!r})", i + 1)
     if new == "/dev/null":
         raise DiffError(f"file deletion is not supported ({lines[i + 1]!r})", i + 2)
+    creation = old == "/dev/null"
     # git's default prefixes.  Only stripped as a pair, so a --no-prefix diff of a
     # package that is really called 'a' keeps its name.
-    if old.startswith("a/") and new.startswith("b/"):
+    if (old.startswith("a/") or creation) and new.startswith("b/"):
         old, new = old[2:], new[2:]
     i += 2
 
@@ -608,7 +668,19 @@ def _parse_file(lines: list[str], i: int) -> tuple[FilePatch, int]:
                 f"not the last hunk of the file",
                 hunk_lines[k - 1],
             )
-    return FilePatch(old, new, tuple(hunks)), i
+    # A new file: one hunk '@@ -0,0 +1,N @@' of added lines, the whole file.
+    if creation and (len(hunks) != 1 or hunks[0].old_len or hunks[0].new_start != 1):
+        raise DiffError(
+            f"a new file's diff ('--- /dev/null') has one hunk '@@ -0,0 +1,N @@' of the "
+            f"whole file, not {', '.join(repr(h.header) for h in hunks)}",
+            hunk_lines[0],
+        )
+    patch = FilePatch(None if creation else old, new, tuple(hunks))
+    mode: ModeChange | None = None
+    if modes:
+        mode = ModeChange(patch.path, modes.get("old", "?"), modes.get("new", "?"), False,
+                          git_line + 1)
+    return patch, mode, i
 
 
 def parse(text: str) -> ParsedDiff:
@@ -623,6 +695,7 @@ def parse(text: str) -> ParsedDiff:
     lines = [line[:-1] if line.endswith("\r") else line for line in raw]
 
     files: list[FilePatch] = []
+    modes: list[ModeChange] = []
     first: int | None = None
     i = 0
     while i < len(lines):
@@ -630,8 +703,11 @@ def parse(text: str) -> ParsedDiff:
         if line.startswith("diff --git ") or _is_file_header(lines, i):
             if first is None:
                 first = i
-            patch, i = _parse_file(lines, i)
-            files.append(patch)
+            patch, mode, i = _parse_file(lines, i)
+            if patch is not None:
+                files.append(patch)
+            if mode is not None:
+                modes.append(mode)
         elif line.startswith(("diff --cc ", "diff --combined ")):
             raise DiffError(f"combined diffs are not supported ({line!r})", i + 1)
         elif _is_binary_line(line):
@@ -647,7 +723,7 @@ def parse(text: str) -> ParsedDiff:
         return ParsedDiff(text, ())
     # Exactly the original characters of the lines before the first header.
     preamble = "".join(part + "\n" for part in raw[:first])
-    return ParsedDiff(preamble, tuple(files))
+    return ParsedDiff(preamble, tuple(files), tuple(modes))
 
 
 # --------------------------------------------------------------------------- applying
@@ -914,7 +990,26 @@ def apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> st
         # (safefiles.decode_source) drops it from the text: put it back to place the hunks, and
         # take it off the result again.
         return _apply(BOM + source, patch, max_offset=max_offset).removeprefix(BOM)
+    if patch.created:
+        return _create(source, patch)
     return _apply(source, patch, max_offset=max_offset)
+
+
+def _create(source: str, patch: FilePatch) -> str:
+    """A new file's text, where the module does not exist (``source`` empty); the same file
+    there already is ALREADY_APPLIED, another one a MISMATCH saying so."""
+    new = patch.new_text()
+    if not source:
+        return new
+    header = patch.hunks[0].header if patch.hunks else "(new empty file)"
+    if source.replace("\r\n", "\n") == new:
+        raise HunkMismatch(patch.path, 1, header, "", 1, None, None, 0.0, kind=ALREADY_APPLIED,
+                           fit=1)
+    first = source.split("\n", 1)[0]
+    raise HunkMismatch(patch.path, 1, header, "<end of file>", 1, first, None, 0.0,
+                       reason="the patch adds this module as a new file, and this version has "
+                              "a module of that name with other text",
+                       kind=ANCHORED)
 
 
 def _apply(source: str, patch: FilePatch, *, max_offset: int | None = None) -> str:
@@ -1046,17 +1141,23 @@ def _quote_path(path: str) -> str:
     return '"' + "".join(body) + '"'
 
 
-def make_diff(old: str, new: str, path: str) -> str:
-    """A git-style unified diff (3 lines of context) turning ``old`` into ``new``.
+def make_diff(old: str | None, new: str, path: str) -> str:
+    """A git-style unified diff (3 lines of context) turning ``old`` into ``new``; ``old`` None:
+    ``new`` is a new file (``new file mode``, ``--- /dev/null``), as ``git diff`` writes it.
 
     Returns '' when the texts are equal, as ``git diff`` prints nothing.
     """
-    a, b = _split_keepends(old), _split_keepends(new)
+    a, b = _split_keepends(old or ""), _split_keepends(new)
     src, dst = _quote_path("a/" + path), _quote_path("b/" + path)
     body = list(difflib.unified_diff(a, b, src, dst))
-    if not body:
-        return ""
     out = [f"diff --git {src} {dst}\n"]
+    if old is None:
+        out.append("new file mode 100644\n")
+        if not body:
+            return "".join(out)  # an empty new file: no hunk, as git writes it
+        body[0] = "--- /dev/null\n"
+    elif not body:
+        return ""
     for line in body:
         out.append(line)
         if not line.endswith("\n"):

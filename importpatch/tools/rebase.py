@@ -508,11 +508,28 @@ def rebase(
     files: list[FileReport] = []
     texts: list[tuple[str, str, str, str]] = []  # (repo path, module, theirs, merged)
     bases: dict[str, str] = {}
+    new_files: set[str] = set()  # modules the patch adds that the target does not have
     for op in ops:
         assert op.file_patch is not None
         fp = op.file_patch
         found_base = _find(base_source, op.modules)
         found_target = _find(target, op.modules)
+        if fp.created:
+            # A module the patch adds: merged from empty text, onto the target's module of that
+            # name if it has one (the same text: already upstream; other text: a conflict).
+            module, rel = op.modules[0], fp.path
+            theirs = ""
+            if found_target is not None:
+                module, file = found_target
+                rel, theirs = packages.module_path(module, file), target.text(file)
+            else:
+                new_files.add(rel)
+            merged = merge_file("", theirs, fp, labels)
+            files.append(FileReport(module, rel, merged.how, merged.hunks, merged.conflicts,
+                                    detail="a new module" if found_target is None else
+                                    "a new module; the target has one of that name"))
+            texts.append((rel, module, theirs, merged.text))
+            continue
         if found_base is None:
             raise packages.UsageError(
                 f"{fp.path} is not in the base {base_label} ({base_source.label})",
@@ -544,7 +561,8 @@ def rebase(
     preamble = authoring.patch_preamble(patch)
     new_base = f"{target_release[0]}=={target_release[1]}" if target_release else None
     if report.status == CLEAN:
-        body = "".join(diffs.make_diff(theirs, merged, rel) for rel, _, theirs, merged in texts)
+        body = "".join(diffs.make_diff(None if rel in new_files else theirs, merged, rel)
+                       for rel, _, theirs, merged in texts)
         requires, why = requires_after(patch, top, base_label, new_base, body, bases)
         report.requires_after, report.requires_why = requires, why
         header = authoring.set_header(preamble or authoring.new_header(name, None, None, ""),
