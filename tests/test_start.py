@@ -934,6 +934,40 @@ def test_a_package_importing_its_own_target_gets_its_wraps_in_place_with_one_war
     assert "so they are applied in place" not in proc.stderr
 
 
+def test_status_says_failed_with_the_error_when_an_in_place_package_fails_at_import(
+    lab: Lab
+) -> None:
+    # Issue 27, item 5: after a patch failed at import (its package's declaration, applied in
+    # place, did not load in this process), `status` said "<name>: not imported here".
+    from coreutil import install_dist
+
+    install_dist(lab.venv, lab.targets, "culprit", "0.1.0", {
+        "culprit/__init__.py": "",
+        "culprit/patches.py": """\
+            import os
+            import tpkg.mod  # imports its own target (the blog style)
+            from importpatch import Patch
+
+            if os.environ.get("CULPRIT_BREAKS"):
+                raise RuntimeError("the declaration broke here")
+            Patch("culprit-wrap").wrap("tpkg.mod:g", lambda w, i, a, k: "wrapped")
+            """,
+    }, top_level=["culprit"], entry_points="[importpatch.patches]\nculprit = culprit.patches\n")
+    time.sleep(0.1)
+    events = lab.root / "events"
+    env = {"IMPORTPATCH_EVENTS_DIR": str(events)}
+    lab.ok("import tpkg.mod; print(tpkg.mod.g())", enable="culprit-wrap", env=env)  # cold, fine
+    shutil.rmtree(events)
+    proc = lab.run("import tpkg.mod", enable="culprit-wrap", env=dict(env, CULPRIT_BREAKS="1"))
+    assert proc.returncode == 1 and "the declaration broke here" in proc.stderr, proc.stderr
+    out = lab.ok(["-m", "importpatch", "status", "--events-dir", str(events)], enable=None)
+    assert "not imported here" not in out.stdout, out.stdout
+    never = out.stdout.partition("requested but never applied anywhere:")[2]
+    assert never.lstrip().startswith("culprit-wrap: failed in 1 (the patch declaration failed"), \
+        out.stdout
+    assert "the declaration broke here" in never, out.stdout
+
+
 def test_check_does_not_count_a_package_importing_itself(lab: Lab) -> None:
     from coreutil import install_dist
 
