@@ -982,3 +982,79 @@ def test_check_does_not_count_a_package_importing_itself(lab: Lab) -> None:
     report = json.loads(out)
     (row,) = [p for p in report["patches"] if p["name"] == "culprit-g"]
     assert not any("imports culprit" in w for w in row["warnings"]), row["warnings"]
+
+
+# -- issue 30, item 4: small edges ----------------------------------------------------------------
+
+
+def test_a_home_folder_that_does_not_exist_is_never_created(lab: Lab, tmp_path: Path) -> None:
+    # HOME=/tmp/x/missing/deeper made an enabled start create it, parents included
+    # (/tmp/x/missing/deeper/.cache/importpatch). Now: no cache, said once, nothing created.
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    home = tmp_path / "x" / "missing" / "deeper"
+    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "IMPORTPATCH_CACHE_DIR": None}
+    for _ in range(2):
+        proc = lab.run(READ, enable="p", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "patched", proc.stderr
+        (warning,) = warnings_of(proc.stderr)
+        assert f"the home folder {home} does not exist" in warning, warning
+        assert "running without a cache" in warning
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_cache_that_cannot_be_written_warns_once_per_process(lab: Lab) -> None:
+    # A full disk under the cache printed two lines per process ("cannot write under .../src/..."
+    # and "cannot write patched source under ..."). Here the process's file-size limit (1 byte,
+    # SIGXFSZ ignored: EFBIG on every write) stands in for the full disk; a 64k tmpfs, filled,
+    # showed the same two lines (mount needs root, which a test cannot count on).
+    diff_patch(lab.patches, "d", "tpkg.mod", "'orig'", "'diffed'")
+    time.sleep(0.1)
+    lab.ok("pass", enable="d")  # the index is written while there is room
+    code = ("import resource, signal\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))\n"
+            "import tpkg.mod\nprint(tpkg.mod.f())\n")
+    proc = lab.run(code, enable="d")
+    assert proc.returncode == 0 and proc.stdout.strip() == "diffed", proc.stderr
+    (warning,) = warnings_of(proc.stderr)
+    assert "cannot write" in warning and "File too large" in warning, warning
+
+
+def test_a_relative_patch_folder_reaches_a_child_started_after_a_chdir(lab: Lab) -> None:
+    # IMPORTPATCH_PATH=patches (relative) and a child spawned after os.chdir: the child ran
+    # unpatched with only "unknown patch name(s)". The first start makes the folder absolute in
+    # os.environ, so children read the folder this process read.
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    code = textwrap.dedent("""\
+        import os, subprocess, sys
+        import tpkg.mod
+        print(tpkg.mod.f())
+        os.chdir("/")
+        child = subprocess.run([sys.executable, "-c", "import tpkg.mod; print(tpkg.mod.f())"],
+                               capture_output=True, text=True)
+        print(child.stdout.strip(), child.returncode)
+        print(child.stderr.strip() or "-")
+        print(os.environ["IMPORTPATCH_PATH"])
+        """)
+    proc = lab.run(code, enable="p", env={"IMPORTPATCH_PATH": "patches"})
+    assert proc.returncode == 0, proc.stderr
+    mine, child, child_err, value = proc.stdout.splitlines()
+    assert mine == "patched" and child == "patched 0", proc.stdout
+    assert child_err == "-" and value == str(lab.patches), proc.stdout
+
+
+def test_enable_of_an_unknown_name_names_the_call_not_the_variable(lab: Lab) -> None:
+    # enable("nope") warned "... in IMPORTPATCH_ENABLE" though that variable was unset.
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    proc = lab.run("import importpatch; importpatch.enable('nope')", enable=None)
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = [w for w in warnings_of(proc.stderr) if "unknown patch name" in w]
+    assert "nope passed to importpatch.enable()" in warning, warning
+    assert "IMPORTPATCH_ENABLE" not in warning, warning
+    # A name from the variable is still said as the variable's.
+    proc = lab.run("import importpatch; importpatch.enable('nope')", enable="typo")
+    (warning, *_) = [w for w in warnings_of(proc.stderr) if "unknown patch name" in w]
+    assert "typo in IMPORTPATCH_ENABLE" in warning, proc.stderr
