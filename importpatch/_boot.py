@@ -65,7 +65,6 @@ def start(sitedir: str | None = None) -> None:
                                f"{os.environ[config.DISCOVERING]} ran declarations"),
                   fail_closed=False)
             return
-        absolute_folders()
         toggles = config.read()
         _warn_problems(toggles.problems)
         if toggles.off:

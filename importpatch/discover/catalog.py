@@ -233,13 +233,9 @@ def load(toggles: config.Toggles) -> list[Entry]:
 # declaration that imports its target would then fail through the finder, not be flagged.
 _unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...], Any]] = {}
 
-# A declaration cut off by the time limit is retried by the first start after this many times
-# the limit (doubling with each consecutive cut-off, at most a day), and at once by a process
-# whose limit is higher than the one it was cut off under: a slow machine is not a broken patch.
-RETRY_AFTER_LIMITS = 15
-RETRY_AFTER_MAX_S = 86400.0
 
-
+# A declaration cut off by the time limit is retried (scanchild.timeout_records writes when): a
+# slow machine is not a broken patch.
 def _timeouts_due(timeouts: tuple[tuple[str, float, float, int], ...]) -> bool:
     """Whether a declaration the time limit cut off is due to run again: its retry time has come,
     or this process allows it more time (a raised IMPORTPATCH_DISCOVERY_TIMEOUT; 0: no limit)."""
@@ -247,33 +243,6 @@ def _timeouts_due(timeouts: tuple[tuple[str, float, float, int], ...]) -> bool:
     now = time.time()
     return any(limit <= 0 or limit > cut_at or now >= retry_at
                for _, cut_at, retry_at, _ in timeouts)
-
-
-def _timeout_records(
-    entries: list[Entry], cut_off: dict[str, float], tries: dict[str, int]
-) -> tuple[tuple[str, float, float, int], ...]:
-    """The index's records of the declarations cut off in this scan (by source, with the limit
-    they ran under); their entries' errors say when they are retried and what works now."""
-    records = []
-    now = time.time()
-    for source, limit in cut_off.items():
-        count = tries.get(source, 0) + 1
-        wait = min(RETRY_AFTER_MAX_S, RETRY_AFTER_LIMITS * limit * 2 ** (count - 1))
-        retry_at = now + wait
-        records.append((source, limit, retry_at, count))
-        when = time.strftime("%H:%M:%S", time.localtime(retry_at))
-        for e in entries:
-            if e.source == source and e.error and e.error.startswith("did not finish"):
-                e.error = (
-                    f"did not finish: its declaration ran longer than {limit:g} s (the limit) "
-                    "while patches were discovered; it is recorded broken for now. A time-out "
-                    f"is not a verdict: the first start after {when} "
-                    f"(in {wait:g} s) runs it again, and so does the next start with a higher "
-                    f"limit: set {config.DISCOVERY_TIMEOUT} (e.g. to {max(120, 6 * limit):g}, "
-                    "or 0 for none) where this machine is slow. A declaration that only "
-                    "declares (string targets, no import of what it patches) is fast anywhere"
-                )
-    return tuple(records)
 
 
 def load_index(toggles: config.Toggles) -> Index:
@@ -290,7 +259,10 @@ def load_index(toggles: config.Toggles) -> Index:
     cut_off: dict[str, float] = {}
     entries, watched, entry_points, imported_by, here = scan_bounded(
         index.folders, index.dirs, index.user_site, cut_off)
-    index.timeouts = _timeout_records(entries, cut_off, index.tries)
+    if cut_off:
+        from importpatch.discover.scanchild import timeout_records
+
+        index.timeouts = timeout_records(entries, cut_off, index.tries)
     if not here:
         # As the scan in this process counts them: a module this process had imported before
         # (a late enable() after its target's import) was not loaded unpatched by the patch code.
