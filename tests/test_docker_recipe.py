@@ -196,6 +196,7 @@ def test_dockerfile_commands_build_a_server_that_runs_the_patches(
         "TMPDIR": str(tmp_path / "tmp"), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
     })
     (tmp_path / "tmp").mkdir()
+    (tmp_path / "home").mkdir()  # a home that exists (a missing one gets no cache, with a warning)
     image = Image(tmp_path / "rootfs", venv, base_env)
     image.root.mkdir()
     base = image.play(DOCKER / "Dockerfile", DOCKER)

@@ -156,7 +156,9 @@ def test_strict_late_activation_raises_at_enable(lab: Lab) -> None:
             print(json.dumps([type(exc).__name__, str(exc)]))
         ''', enable=None, env=STRICT)
     assert out[0] == "StrictError"
-    assert out[1].startswith(f"importpatch: {unknown_warning('p-onee')}")
+    # The name was passed to the call (IMPORTPATCH_ENABLE is unset): said so (issue 30, item 4).
+    assert out[1].startswith(
+        "importpatch: unknown patch name(s) p-onee passed to importpatch.enable(); known: ")
     assert out[1].endswith("(IMPORTPATCH_STRICT is on: stopped at importpatch's late activation "
                            "(importpatch.enable() or vLLM's general-plugin hook))")
 

@@ -45,8 +45,9 @@ Invariants:
   are applied in place right after that module ran, with a warning (``in_place_only``; not its
   diffs, transforms or field ops, nor under strict mode). Declarations run in a child process
   under a time limit (``scan_bounded``, importpatch/discover/scanchild.py): one that hangs or ends
-  the process is recorded broken like one that raises, and the process that builds the index imports
-  nothing they import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what
+  the process is recorded broken like one that raises (a time-out only until it is retried:
+  ``_timeouts_due``), and the process that builds the index imports nothing they import.
+  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what
   they imported that a chosen patch targets, so its next import is patched or fails closed.) The
   cold process also forgets the Patch objects it made while scanning from patch files: like every
   warm process, it executes a patch file when a module it targets is imported.
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
     from importpatch.discover.declare import Patch
 
 GROUP = "importpatch.patches"
-INDEX_FORMAT = 5
+INDEX_FORMAT = 6
 _FIELDS = (
     "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
     "kinds", "doc", "error", "unsure", "defined",
@@ -184,6 +185,11 @@ class Index:
         self.watched: tuple[str, ...] = ()
         self.entry_points = 0
         self.fresh = False  # built by this process (not read from the index file)
+        # Declarations cut off by the time limit: (source, limit, retry_at, tries). A timeout is
+        # not a verdict about the code: the index holds it only until retry_at, or until a
+        # process runs with a higher limit (see _timeouts_due).
+        self.timeouts: tuple[tuple[str, float, float, int], ...] = ()
+        self.tries: dict[str, int] = {}  # of an index read and found due: the tries so far
 
     def read(self) -> bool:
         if self.path is None:
@@ -194,20 +200,23 @@ class Index:
         if data is None:
             return False
         try:
-            fmt, ident, watched, sig, entry_points, rows = marshal.loads(data)
+            fmt, ident, watched, sig, entry_points, rows, timeouts = marshal.loads(data)
             if fmt != INDEX_FORMAT or ident != self.ident or signature(watched) != sig:
+                return False
+            if timeouts and _timeouts_due(timeouts):
+                self.tries = {t[0]: t[3] for t in timeouts}
                 return False
             self.entries = [Entry.from_tuple(r) for r in rows]
         except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
             return False
-        self.watched, self.entry_points = watched, entry_points
+        self.watched, self.entry_points, self.timeouts = watched, entry_points, timeouts
         return True
 
     def write(self, sig: tuple[tuple[int, int, int, int], ...]) -> None:
         if self.path is None or self.entries is None:
             return
         payload = (INDEX_FORMAT, self.ident, self.watched, sig, self.entry_points,
-                   tuple(e.as_tuple() for e in self.entries))
+                   tuple(e.as_tuple() for e in self.entries), self.timeouts)
         from importpatch import safefiles
 
         safefiles.write_atomic(self.path, marshal.dumps(payload))
@@ -222,7 +231,18 @@ def load(toggles: config.Toggles) -> list[Entry]:
 # mtime, or there is no cache): kept in memory, by index identity, while the signature holds.
 # Scanning again in the same process would run the declarations with the finder installed, and a
 # declaration that imports its target would then fail through the finder, not be flagged.
-_unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...]]] = {}
+_unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...], Any]] = {}
+
+
+# A declaration cut off by the time limit is retried (scanchild.timeout_records writes when): a
+# slow machine is not a broken patch.
+def _timeouts_due(timeouts: tuple[tuple[str, float, float, int], ...]) -> bool:
+    """Whether a declaration the time limit cut off is due to run again: its retry time has come,
+    or this process allows it more time (a raised IMPORTPATCH_DISCOVERY_TIMEOUT; 0: no limit)."""
+    limit = config.discovery_timeout(os.environ)
+    now = time.time()
+    return any(limit <= 0 or limit > cut_at or now >= retry_at
+               for _, cut_at, retry_at, _ in timeouts)
 
 
 def load_index(toggles: config.Toggles) -> Index:
@@ -230,13 +250,19 @@ def load_index(toggles: config.Toggles) -> Index:
     if index.read():
         return index
     kept = _unwritten.get(index.ident)
-    if kept is not None and signature(kept[1]) == kept[0]:
-        index.watched, index.entry_points = kept[1], kept[2]
+    if kept is not None and signature(kept[1]) == kept[0] and not (
+            kept[4] and _timeouts_due(kept[4])):
+        index.watched, index.entry_points, index.timeouts = kept[1], kept[2], kept[4]
         index.entries = [Entry.from_tuple(row) for row in kept[3]]
         return index
     started = time.time_ns()
+    cut_off: dict[str, float] = {}
     entries, watched, entry_points, imported_by, here = scan_bounded(
-        index.folders, index.dirs, index.user_site)
+        index.folders, index.dirs, index.user_site, cut_off)
+    if cut_off:
+        from importpatch.discover.scanchild import timeout_records
+
+        index.timeouts = timeout_records(entries, cut_off, index.tries)
     if not here:
         # As the scan in this process counts them: a module this process had imported before
         # (a late enable() after its target's import) was not loaded unpatched by the patch code.
@@ -251,7 +277,7 @@ def load_index(toggles: config.Toggles) -> Index:
         _unwritten.pop(index.ident, None)
     else:
         _unwritten[index.ident] = (sig, index.watched, entry_points,
-                                   tuple(e.as_tuple() for e in entries))
+                                   tuple(e.as_tuple() for e in entries), index.timeouts)
     # Like every warm process, execute a declaration (again) only when a target is imported; a
     # target loaded unpatched while declarations ran is dropped, so its import fails closed.
     # (Entry points stay as they are: their modules are ordinary imported modules, which a warm
@@ -412,9 +438,11 @@ def _scan(
 # Declarations run in a child process (the same interpreter, site and search path) that reports
 # each declaration as it begins and ends, and sends the result. A declaration that runs longer
 # than IMPORTPATCH_DISCOVERY_TIMEOUT (or ends the process) is blamed: the child is killed and
-# started again with that source recorded broken, never executed, so the index (written by this
-# process as before) holds it broken until it changes. The warm path (an index hit) never gets
-# here; the cold one pays one interpreter start more, and never imports what declarations import.
+# started again with that source recorded broken, never executed. The index (written by this
+# process as before) holds one that ended the process broken until it changes; one that ran out
+# of time only until its retry time, or a process with a higher limit (_timeouts_due). The warm
+# path (an index hit) never gets here; the cold one pays one interpreter start more, and never
+# imports what declarations import.
 
 # Sources an earlier try blamed, with their error (set in the child from its request).
 _skipped: dict[str, str] = {}
@@ -423,10 +451,12 @@ _progress: Callable[[str, str], None] | None = None
 
 
 def scan_bounded(
-    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None
+    folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None,
+    cut_off: dict[str, float] | None = None,
 ) -> tuple[list[Entry], list[str], int, dict[str, str], bool]:
     """``scan`` under a time limit per declaration; the last item: whether the declarations ran
-    in this process (no limit set, or no child process could be started)."""
+    in this process (no limit set, or no child process could be started). ``cut_off`` gets the
+    sources the limit cut off, with the limit."""
     limit = config.discovery_timeout(os.environ)
     exe = os.path.basename(sys.executable or "")
     if (limit <= 0 or os.name != "posix" or watcher is not None
@@ -446,6 +476,8 @@ def scan_bounded(
         if source is None or source in skipped:
             raise RuntimeError(f"discovery of patches {why} (not in a declaration); "
                                f"{config.DISCOVERY_TIMEOUT} sets the limit")
+        if why.startswith("ran longer") and cut_off is not None:
+            cut_off[source] = limit  # its error is written with its retry time (load_index)
         skipped[source] = (
             f"did not finish: its declaration {why} while patches were discovered; it is "
             "recorded as broken and not run again until it changes (a declaration only "

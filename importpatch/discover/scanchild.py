@@ -121,6 +121,42 @@ def scan_in_child(
         os.close(from_child)
 
 
+# A declaration cut off by the time limit is retried by the first start after this many times
+# the limit (doubling with each consecutive cut-off, at most a day), and at once by a process
+# whose limit is higher than the one it was cut off under: a slow machine is not a broken patch.
+RETRY_AFTER_LIMITS = 15
+RETRY_AFTER_MAX_S = 86400.0
+
+
+def timeout_records(
+    entries: list[Any], cut_off: dict[str, float], tries: dict[str, int]
+) -> tuple[tuple[str, float, float, int], ...]:
+    """The index's records of the declarations cut off in this scan (by source, with the limit
+    they ran under): (source, limit, retry_at, tries), which ``catalog._timeouts_due`` reads; the
+    entries' errors say when they are retried and what works now. Here, not in the catalog: only
+    a rebuild of the index needs it."""
+    records = []
+    now = time.time()
+    for source, limit in cut_off.items():
+        count = tries.get(source, 0) + 1
+        wait = min(RETRY_AFTER_MAX_S, RETRY_AFTER_LIMITS * limit * 2 ** (count - 1))
+        retry_at = now + wait
+        records.append((source, limit, retry_at, count))
+        when = time.strftime("%H:%M:%S", time.localtime(retry_at))
+        for e in entries:
+            if e.source == source and e.error and e.error.startswith("did not finish"):
+                e.error = (
+                    f"did not finish: its declaration ran longer than {limit:g} s (the limit) "
+                    "while patches were discovered; it is recorded broken for now. A time-out "
+                    f"is not a verdict: the first start after {when} "
+                    f"(in {wait:g} s) runs it again, and so does the next start with a higher "
+                    f"limit: set {config.DISCOVERY_TIMEOUT} (e.g. to {max(120, 6 * limit):g}, "
+                    "or 0 for none) where this machine is slow. A declaration that only "
+                    "declares (string targets, no import of what it patches) is fast anywhere"
+                )
+    return tuple(records)
+
+
 def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
     """The child's side of ``scan_in_child``, up to the scan (``catalog.scan_for_parent`` runs
     it): ignore SIGINT, read the request, take the parent's search path, say hello, and exit when

@@ -374,10 +374,15 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
     file = getattr(module, "__file__", None)
     patches, broken = load_patches(entries, name)
     for d in broken:
-        raise PatchError(
+        err = PatchError(
             d.entry.name, name,
             f"the patch declaration failed to load from {d.entry.source}: {d.error}", file=file,
         )
+        # Recorded, as the loader records a failure at import: `status` says "failed", with
+        # the error, not "not imported here".
+        err.recorded = True
+        events.record("failed", err.patch, name, "import", err.what)
+        raise err
     mark_handled(module, (e.name for e in entries))
     warn_own_import(entries, name)
     seen = len(events.events())

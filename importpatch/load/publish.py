@@ -61,11 +61,13 @@ def publish(real_path: str, text: str, cache_root: str | None) -> str:
     try:
         if path is None:
             raise OSError("a cache folder on the way is not safe (see the warning above)")
-        if safefiles.read_owned(path) != data and not safefiles.write_atomic(path, data):
-            raise OSError("write failed")
+        if safefiles.read_owned(path) != data:
+            safefiles.replace_file(path, data, private=True)
     except OSError as exc:
+        # One line per process for a cache that cannot be written (a full disk): the key of
+        # safefiles.write_atomic's warning, with what this failure costs.
         events.warn_once(
-            f"publish:{cache_root}",
+            "cache-write",
             f"cannot write patched source under {cache_root} ({exc}); tracebacks printed by the "
             "default exception hook on Python < 3.13 will show the original lines",
         )

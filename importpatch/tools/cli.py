@@ -91,9 +91,11 @@ rebase: {"patch", "base", "target", "files": [{"module", "path",
         (several NAMEs: {"reports": [that], "exit_status"}); check's patches add "base",
         "suggestion"
 doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null, "start": bool}],
-         "pth_ran": bool, "finder": {"active": bool, "patches": [str], "why"},
+         "pth_ran": bool, "finder": {"active": bool, "state": "on"|"off"|"waiting",
+                                     "patches": [str], "why"},
          "env": {name: value}, "cache": {"root", "problem": str|null, "files", "bytes"},
-         "default_on": [str], "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
+         "default_on": [str], "vllm_compile_cache_key": {"keyed": bool, "factor": str|null,
+         "says"}|null, "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
 cache:  {"root": str|null, "problem": str|null, "files", "bytes",
          "areas": {"code"|"src"|"catalog"|"s": {"files", "bytes"}}, "max_bytes",
          "releases": {"folder", "files", "bytes"} (not in the totals),
@@ -103,6 +105,7 @@ cache:  {"root": str|null, "problem": str|null, "files", "bytes",
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -781,6 +784,7 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, d
         names: set[str] = set()
         on: set[str] = set()
         by_name: dict[str, set[str]] = {}
+        failed_detail: dict[str, str] = {}
         for ev in proc["events"]:
             if ev["outcome"] == STARTED:
                 names.update(ev.get("requested") or ())
@@ -791,6 +795,8 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, d
             if fate not in FATES:
                 continue
             by_name.setdefault(ev["patch"], set()).add(fate)
+            if fate == "failed":  # its error, beside "failed in N" (the last one)
+                failed_detail[ev["patch"]] = ev["detail"]
             if fate in ("unknown", "missing"):
                 names.add(ev["patch"])
                 row = out.setdefault(ev["patch"], {"applied_anywhere": False, "fates": {},
@@ -801,6 +807,8 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, d
             fate = next(f for f in FATES if f in fates)
             row = out.setdefault(name, {"applied_anywhere": False, "fates": {}, "detail": ""})
             row["fates"][fate] = row["fates"].get(fate, 0) + 1
+            if fate == "failed" and name in failed_detail:
+                row["detail"] = failed_detail[name]
             row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
     for row in out.values():
         row["fates"] = {f: row["fates"][f] for f in FATES if f in row["fates"]}
@@ -1014,6 +1022,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                             "IMPORTPATCH_* variables of the calling shell are not seen")
     active = finder.installed()
     names = sorted(str(getattr(e, "name", e)) for e in active.entries) if active else []
+    from importpatch.discover import catalog
+
+    found = catalog.load(toggles)
+    default_on = sorted(e.name for e in found if e.default)
+    state_word = "on" if active is not None else "off"
     if active is not None:
         why = f"patching {len(names)} patch(es) in this process"
     elif toggles.off:
@@ -1021,13 +1034,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     elif toggles.anything_requested:
         why = "patches are requested, but the start-up hook did not install the finder here"
         problems.append(why + " (see the lines above)")
+    elif default_on:
+        # No variable enables anything, and the .pth hook waits (it starts at the first import
+        # of a package that a patch on by default targets): not "off" for those patches.
+        tops = sorted({m.partition(".")[0] for e in found if e.default
+                       for group in e.modules for m in group})
+        state_word = "waiting"
+        why = (f"not started in this process, which imports none of {', '.join(tops) or '?'}; "
+               f"the patch(es) on by default here ({', '.join(default_on)}) start it at the "
+               "first import of their target, in any process")
     else:
         why = f"no patch is enabled here (set {config.ENABLE}=name,... or all)"
     cache = _cache_row()
-    from importpatch.discover import catalog
-
-    default_on = sorted(e.name for e in catalog.load(toggles) if e.default)
-    compile_key = _compile_cache_key(toggles, catalog.load(toggles), warnings)
+    compile_key = _compile_cache_key(toggles, found, warnings)
     if cache["problem"]:
         warnings.append(cache["problem"] + ": patched modules are compiled again in every process")
     ok = not problems
@@ -1036,7 +1055,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "python": sys.executable, "version": sys.version.split()[0],
             "pth": [{k: r[k] for k in ("dir", "pth", "current", "start")} for r in pth_rows],
             "pth_ran": pth_ran, "finder": {"active": active is not None, "patches": names,
-                                           "why": why},
+                                           "state": state_word, "why": why},
             "env": env, "cache": cache, "default_on": default_on,
             "vllm_compile_cache_key": compile_key, "notes": notes,
             "warnings": warnings,
@@ -1053,7 +1072,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if not present:
         lines.append("pth       not installed in: " + ", ".join(r["dir"] for r in pth_rows))
     lines.append(f"hook      {'ran at start' if pth_ran else 'did not run at start'}")
-    state = style.status("on") if active is not None else "off"
+    state = style.status("on") if active is not None else state_word
     lines.append(f"finder    {state}: {why}" + (f" ({', '.join(names)})" if names else ""))
     lines += [f"env       {k}={v}" for k, v in env.items()] or ["env       (none)"]
     lines.append(f"cache     {cache['root']}: {cache['problem'] or 'ok'} ({cache['files']} files, "
@@ -1373,9 +1392,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    traceback = "--traceback" in (sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    traceback = "--traceback" in given
+    for stream in (sys.stdout, sys.stderr):
+        # A path this terminal's encoding cannot show (PYTHONIOENCODING=ascii, a C locale) is
+        # printed with replacement characters, not an internal error.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="replace")
     try:
-        args = parser().parse_args(argv)
+        args = _parse(given)
         return int(args.func(args))
     except UsageError as exc:
         _error(str(exc), exc.hint)
@@ -1392,6 +1419,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f"internal error: {type(exc).__name__}: {exc}",
                "this is a bug in importpatch; rerun with --traceback and report it")
         return 2
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The parser's result; an unknown option before the command is said as such (argparse
+    says first that COMMAND is missing)."""
+    p = parser()
+    try:
+        return p.parse_args(argv)
+    except UsageError as exc:
+        commands = {name for a in p._actions if isinstance(a, argparse._SubParsersAction)
+                    for name in a.choices}
+        before = []
+        for arg in argv:
+            if arg in commands:
+                break
+            before.append(arg)
+        unknown = [a for a in before if a.startswith("-") and a.split("=", 1)[0] not in (
+            "-h", "--help", "--traceback")]
+        if unknown and "COMMAND" in str(exc):
+            raise UsageError(
+                f"unknown option {unknown[0]}",
+                "the options before COMMAND are --traceback and --help; a command's own options "
+                "come after it (see 'importpatch --help', 'importpatch COMMAND --help')",
+            ) from None
+        raise
 
 
 def _error(message: str, hint: str) -> None:
