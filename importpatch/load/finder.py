@@ -321,7 +321,7 @@ class PatchLoader:
                 filename = publish.publish(origin, patched, cache_root)
             try:
                 code, facts = transforms.compile_module(
-                    self.fullname, patched, qualnames, fact_quals, filename
+                    self.fullname, patched, qualnames, fact_quals, filename, original=text
                 )
             except SyntaxError as exc:
                 raise PatchError(

@@ -138,10 +138,13 @@ _MAIN_BLOCK = re.compile(r"^if\s+.*__main__", re.M)  # done() must go before suc
 
 
 def compile_module(
-    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
+    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str,
+    original: str | None = None,
 ) -> tuple[CodeType, dict[str, activation.Fact]]:
     """Parse the (patched) text, read what it proves of ``fact_quals`` (before the tree changes),
-    add definition-site landings for ``qualnames`` and the begin/done hooks, compile."""
+    add definition-site landings for ``qualnames`` and the begin/done hooks, compile.
+    ``original``: the module's text before code changes, whose originals the facts' digests are
+    of (default: ``text``)."""
     if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
         # Only code changes: nothing to land, nothing to add, so the text plus one closing line
         # compiles directly (about twice as fast as parse + compile(tree)); lines do not move.
@@ -149,6 +152,13 @@ def compile_module(
         return compile(text + closing, code_filename, "exec", dont_inherit=True), {}
     tree = ast.parse(text, filename=code_filename)
     facts = landing.facts_of(tree, fact_quals)
+    if original is None or original == text:
+        landing.add_digests(facts, tree, text)
+    else:  # the digests are of the originals as released, before the code changes
+        try:  # noqa: SIM105 (contextlib is not imported on the import path)
+            landing.add_digests(facts, ast.parse(original), original)
+        except SyntaxError:
+            pass
     unseen = landing.rewrite(tree, module, qualnames)
     for qual in unseen & facts.keys():
         facts[qual].seen = False
