@@ -156,8 +156,9 @@ def read_pins(lab: Lab) -> list[dict[str, str]]:
     return [p.to_dict() for p in parse(text)]
 
 
-def check_json(lab: Lab, *args: str) -> tuple[int, dict[str, object]]:
-    status, out, err = cli(lab, "check", "--json", *args)
+def check_json(lab: Lab, *args: str, env: dict[str, str] | None = None
+               ) -> tuple[int, dict[str, object]]:
+    status, out, err = cli(lab, "check", "--json", *args, env=env)
     assert out, err
     return status, json.loads(out)
 
@@ -324,3 +325,118 @@ def test_a_requirements_environment_marker_decides_like_pip(lab: Lab) -> None:
     assert why in by["elsewhere"]["requirement"]
     status, out, err = cli(lab, "list", enable="here,elsewhere")
     assert why in " ".join(out.split()), out + err
+
+
+# -- A copied-and-edited replace becomes a diff, which rebase carries -----------------------------
+
+COPIED_V1 = '''\
+class Sampler:
+    @staticmethod
+    def gather(logprobs, token_ids):
+        top = sorted(logprobs)
+        # keep the shapes symbolic
+        mark(logprobs)
+        mark(token_ids)
+        ranks = count(logprobs, token_ids)
+        return top, ranks
+
+    def other(self, logprobs, token_ids):
+        mark(logprobs)
+        mark(token_ids)
+        return 0
+'''
+# The next release puts the three lines under a `with` (vLLM 0.29's gpu_sync_allowed).
+COPIED_V2 = ("sync_allowed = print\n\n\n" + COPIED_V1.replace(
+    "        mark(logprobs)\n        mark(token_ids)\n        ranks = count(logprobs, token_ids)\n",
+    "        with sync_allowed(first_only=True):\n            mark(logprobs)\n"
+    "            mark(token_ids)\n            ranks = count(logprobs, token_ids)\n", 1))
+# vllm-gaudi's pattern: the whole method copied to delete two lines.
+COPY = '''\
+from importpatch import Patch
+
+patch = Patch("copied")
+
+@patch.replace("tgt.mod:Sampler.gather")
+def gather(logprobs, token_ids):
+    top = sorted(logprobs)
+    # keep the shapes symbolic
+    ranks = count(logprobs, token_ids)
+    return top, ranks
+'''
+
+
+@pytest.mark.lab(patch={"copied.py": COPY}, venv="rebase_venv")
+def test_a_copied_replace_converts_to_a_diff_of_the_edit_that_rebase_carries(
+        lab: Lab, tmp_path: Path) -> None:
+    old = write_wheel(tmp_path / "tgt-1.0-py3-none-any.whl", "tgt", "1.0",
+                      {"tgt/__init__.py": "", "tgt/mod.py": COPIED_V1}, top_level=["tgt"])
+    new = write_wheel(tmp_path / "tgt-2.0-py3-none-any.whl", "tgt", "2.0",
+                      {"tgt/__init__.py": "", "tgt/mod.py": COPIED_V2}, top_level=["tgt"])
+    status, out, err = cli(lab, "pin", "copied", "--against", str(old))
+    assert status == 0, out + err
+    # unconverted, the copy has silently lost upstream's `with`: check says so, with the diff
+    status, report = check_json(lab, "copied", "--against", str(new))
+    d = drifts(report)[("copied", "replace", "tgt.mod:Sampler.gather")]
+    assert d["verdict"] == "changed"
+    assert "+    with sync_allowed(first_only=True):" in d["diff"]
+
+    diffs_dir = tmp_path / "diffs"
+    diffs_dir.mkdir()
+    status, out, err = cli(lab, "convert", "copied", "--base", str(old), "--out",
+                           str(diffs_dir))
+    assert status == 0, out + err
+    (made,) = diffs_dir.glob("*.diff")
+    text = made.read_text()
+    # just the edit, where the original is
+    assert changed_lines(text) == ["-        mark(logprobs)", "-        mark(token_ids)"]
+    assert "-        mark(logprobs)\n-        mark(token_ids)\n" in text
+    assert "Base: tgt==1.0" in text
+
+    env = {"IMPORTPATCH_PATH": str(diffs_dir)}
+    (tmp_path / "carried").mkdir()
+    rebased = tmp_path / "carried" / made.name
+    status, out, err = cli(lab, "rebase", made.stem, "--base", str(old), "--to", str(new),
+                           "--out", str(rebased), "--work", str(tmp_path / "work"), env=env)
+    assert status == 0, out + err
+    carried = rebased.read_text()
+    # upstream's `with` kept (context), the two lines still deleted, the other method untouched
+    assert ("         with sync_allowed(first_only=True):\n-            mark(logprobs)\n"
+            "-            mark(token_ids)\n             ranks = count(logprobs, token_ids)\n"
+            ) in carried
+    assert changed_lines(carried) == ["-            mark(logprobs)", "-            mark(token_ids)"]
+    env = {"IMPORTPATCH_PATH": str(rebased.parent)}
+    status, report = check_json(lab, made.stem, "--against", str(new), env=env)
+    assert report["patches"][0]["status"] == "ok"  # type: ignore[index]
+    applied = lab.ok("import tgt.mod, inspect; print(inspect.getsource(tgt.mod.Sampler.gather))",
+                     enable=made.stem, env={**env, "PYTHONPATH": str(_unpacked(new, tmp_path))})
+    assert "with sync_allowed" in applied.stdout and "mark(" not in applied.stdout
+
+
+def changed_lines(diff: str) -> list[str]:
+    body = diff.split("+++ b/tgt/mod.py\n")[1].splitlines()
+    return [x for x in body if x[:1] in "+-" and x]
+
+
+def _unpacked(wheel: Path, tmp_path: Path) -> Path:
+    import zipfile
+
+    dest = tmp_path / wheel.stem
+    zipfile.ZipFile(wheel).extractall(dest)
+    return dest
+
+
+def test_rebase_settles_only_conflicts_where_upstream_just_reindented() -> None:
+    from importpatch.tools.rebase import reindented
+
+    base = ["    a()\n", "    b()\n", "    c()\n"]
+    ours = ["    c()\n"]  # a() and b() deleted
+    wrapped = ["    with x:\n", "        a()\n", "        b()\n", "        c()\n"]
+    assert reindented(base, ours, wrapped) == ["    with x:\n", "        c()\n"]
+    # upstream changed b() itself: a real conflict
+    changed = ["    with x:\n", "        a()\n", "        b(1)\n", "        c()\n"]
+    assert reindented(base, ours, changed) is None
+    # upstream inserted a line between the two the patch deletes: a real conflict
+    split = ["        a()\n", "    log()\n", "        b()\n", "        c()\n"]
+    assert reindented(base, ours, split) is None
+    # no re-indentation at all: an ordinary conflict, left to the markers
+    assert reindented(base, ours, ["    z()\n", *base]) is None

@@ -5,6 +5,7 @@
                                               ones; --all: every one) against installed or P
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
     importpatch pin NAME... [--against P]     record the Python targets' originals beside them
+    importpatch convert NAME                  an edited copy (replace) -> a diff of the edit
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
     importpatch doctor                        is the hook installed and active here, and can
                                               every requested patch apply here?
@@ -420,6 +421,24 @@ def cmd_pin(args: argparse.Namespace) -> int:
         lines.append("nothing to pin: no replace, wrap, subclass, set, add or field among them")
     emit(lines)
     return 1 if any(p.problem for p in done) else 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from importpatch.tools import pinning
+
+    done = pinning.convert(args.name, target=args.target, name=args.new_name, base=args.base,
+                           out=args.out, dry_run=args.dry_run)
+    if args.json:
+        emit_json(dataclasses.asdict(done))
+        return 0
+    if args.dry_run:
+        sys.stdout.write(done.text)
+        return 0
+    emit([f"wrote {done.out}: patch {done.name}, the edit of {args.name}'s copy of {done.target} "
+          f"as a diff against {done.base} (the copy keeps {done.similarity:.0%} of the original)",
+          f"next: remove that replace from {args.name}'s file, then 'importpatch rebase "
+          f"{done.name} --to WHERE' carries the edit to another release (3-way merge)"])
+    return 0
 
 
 # -- diff ----------------------------------------------------------------------------------------
@@ -1369,6 +1388,18 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--against", metavar="WHERE",
                    help="take the originals from a .whl, .tar.gz sdist, folder or release "
                         "NAME==VERSION (default: installed)")
+    o = command("convert", cmd_convert, "turn a replace that is an edited copy of its original "
+                "into a diff patch of just the edit (rebase then carries it)")
+    o.add_argument("name", metavar="NAME")
+    o.add_argument("--target", metavar="MODULE:QUALNAME",
+                   help="the replace to convert, when the patch has several")
+    o.add_argument("--base", metavar="WHERE",
+                   help="the release the copy was made from (default: its pin's release)")
+    o.add_argument("--as", dest="new_name", metavar="NEW",
+                   help="the diff patch's name (default: NAME-FUNCTION)")
+    o.add_argument("--out", metavar="PATH",
+                   help="file or folder (default: the first folder of IMPORTPATCH_PATH)")
+    o.add_argument("--dry-run", action="store_true", help="print the diff patch; write nothing")
     d = command("diff", cmd_diff, "the effective source diff of a diff/transform patch")
     d.add_argument("name", metavar="NAME")
     d.add_argument("--against", metavar="WHERE", help="as for check")

@@ -423,3 +423,126 @@ def enabled_drift(entries: Iterable[Any], toggles: Any) -> list[str]:
 class _Where:
     module: str | None
     file: str | None
+
+
+# -- A copied-and-edited replace becomes a diff ------------------------------------------------
+
+
+@dataclasses.dataclass
+class Converted:
+    name: str  # the new diff patch's name
+    out: str  # where it was written ("" on --dry-run)
+    text: str  # the diff patch's text
+    base: str  # the release it is made against
+    target: str  # the replace it comes from
+    similarity: float  # how much of the original the copy keeps (difflib ratio)
+
+
+def convert(patch_name: str, *, target: str | None = None, name: str | None = None,
+            base: str | None = None, out: str | None = None, dry_run: bool = False,
+            min_similarity: float = 0.6) -> Converted:
+    """The source diff of just the user's edit in a ``replace`` whose function is an edited copy
+    of the original: the copy (its name made the original's) put where the original is, in the
+    module of ``base`` (default: the release of its pin), diffed against that module. ``rebase``
+    then carries it by 3-way merge. The replace is left in its file: remove it there."""
+    from importpatch.rewrite import diffs
+    from importpatch.tools import authoring
+    from importpatch.tools.packages import open_source
+
+    patches = _patches([patch_name], False, None)
+    if not patches:
+        raise UsageError(f"patch {patch_name} does not load", "see 'importpatch check NAME'")
+    patch = patches[0]
+    ops = [op for op in patch.ops if op.kind == "replace" and callable(op.obj)
+           and not isinstance(op.obj, type) and (target is None or op.target == target)]
+    if len(ops) != 1:
+        which = ", ".join(op.target for op in ops) or "none"
+        raise UsageError(f"patch {patch_name}: {len(ops)} replace(s) of a function to convert "
+                         f"({which})", "name one with --target MODULE:QUALNAME")
+    op = ops[0]
+    if op.original:
+        raise UsageError(f"{op.target}: a replace with original=True calls the original; it "
+                         "is no copy of it", "only an edited copy converts to a diff")
+    pin = _pin_for(patch, op)
+    if base is None and pin is None:
+        raise UsageError(f"{op.target} is not pinned: the release it was copied from is unknown",
+                         "run 'importpatch pin NAME --against THAT_RELEASE', or pass --base")
+    spec = base or f"{pin.dist}=={pin.version}"  # type: ignore[union-attr]
+    source = open_source(spec)
+    found = next(((m, f) for m in op.modules if (f := source.find(m))), None)
+    if found is None:
+        raise UsageError(f"{op.target}: the module is not in {source.label}", "")
+    module, file = found
+    text = source.text(file)
+    tree = ast.parse(text)
+    node = original_node(tree, op.qualname or "")
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise UsageError(f"{op.target}: no function of that name in {source.label}", "")
+    lines = text.splitlines(keepends=True)
+    if pin is not None and rpins.digest(rpins.segment(lines, node)) != pin.digest:
+        raise UsageError(f"{op.target}: the original in {source.label} is not the pinned one",
+                         "pass --base with the release the copy was made from")
+    copy = _copy_text(op, node.name)
+    import difflib
+
+    first = node.lineno  # the def line: the original's decorators stay as they are
+    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+    own = "".join(lines[first - 1:node.end_lineno])
+    placed = "".join(f"{indent}{x}" if x.strip() else x
+                     for x in copy.splitlines(keepends=True))
+    ratio = difflib.SequenceMatcher(None, own, placed).ratio()
+    if ratio < min_similarity:
+        raise UsageError(f"{op.target}: the replacement keeps {ratio:.0%} of the original: not "
+                         "an edited copy of it", "a rewrite stays a replace")
+    new_text = "".join(lines[:first - 1]) + placed + "".join(lines[node.end_lineno or first:])
+    rel = file_rel(module, file)
+    body = diffs.make_diff(text, new_text, rel)
+    if not body:
+        raise UsageError(f"{op.target}: the copy is the original unchanged", "nothing to convert")
+    dist, version = release_of(source, module)
+    base_spec = base if base and "==" in base else f"{dist}=={version}"
+    name = name or f"{patch.name}-{node.name.replace('_', '-')}"
+    summary = (f"{op.target}: the edit of {patch.name}'s copy, as a diff (importpatch convert)")
+    requires = authoring.minor_series(module.partition(".")[0], version)
+    header = authoring.new_header(name, base_spec, requires, summary)
+    diff_text = header + body
+    where = ""
+    if not dry_run:
+        where = authoring.output_path(name, out, None)
+        authoring.write_or_explain(where, diff_text)
+    return Converted(name, where, diff_text, base_spec, op.target, ratio)
+
+
+def file_rel(module: str, file: str) -> str:
+    """``vllm/v1/sample/sampler.py`` of ``module`` (whose file is ``file``)."""
+    path = module.replace(".", "/")
+    return f"{path}/__init__.py" if file.endswith("__init__.py") else f"{path}.py"
+
+
+def _pin_for(patch: Any, op: Op) -> rpins.Pin | None:
+    path = rpins.path_of(patch)
+    qual = rpins.pinned_qual(op.kind, op.qualname)
+    pins = [p for p in read(path) if p.patch == patch.name] if path else []
+    return next((p for p in pins if p.qualname == qual and p.module in op.modules), None)
+
+
+def _copy_text(op: Op, name: str) -> str:
+    """The replacement function's text from ``def`` on, dedented, named ``name``."""
+    import inspect
+    import textwrap
+
+    try:
+        text = textwrap.dedent(inspect.getsource(op.obj))
+    except (OSError, TypeError) as exc:
+        raise UsageError(f"{op.target}: the replacement's source cannot be read: {exc}",
+                         "") from None
+    tree = ast.parse(text)
+    fn = tree.body[0]
+    assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+    lines = text.splitlines(keepends=True)
+    own = lines[fn.lineno - 1:fn.end_lineno]
+    head = own[0]
+    keyword = "async def " if isinstance(fn, ast.AsyncFunctionDef) else "def "
+    at = head.index(keyword) + len(keyword)
+    own[0] = head[:at] + name + head[at + len(fn.name):]
+    return "".join(own)
