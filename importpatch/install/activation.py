@@ -170,6 +170,8 @@ class ModulePlan:
         """A pinned original that changed since the pin (``rewrite.pins``): one warning per
         process and an ``info`` event; under IMPORTPATCH_STRICT=1 the import fails (an
         on_error="warn" patch is dropped). The digests were computed at compile time."""
+        if patch.origin == "builtin":
+            return  # checked over every release its Requires admits (docs/compat-matrix.md)
         from importpatch.rewrite.pins import pinned_qual, pins_of
 
         pins = pins_of(patch)

@@ -172,9 +172,12 @@ def pin_of(op: Op, source: Source) -> rpins.Pin | str:
         lines = source.text(file).splitlines(keepends=True)
         text = rpins.segment(lines, node)
         dist, version = release_of(source, module)
+        # An add or field goes into a class (often a large one): its pin keeps the class's digest
+        # and, as its text, the names the class body binds (what an addition can clash with).
+        kept = member_list(node) if op.kind in rpins.OWNER_KINDS else text
         return rpins.Pin(patch=op.patch.name, kind=op.kind, target=op.target, module=module,
                          qualname=qual, dist=dist, version=version, digest=rpins.digest(text),
-                         source=text)
+                         source=kept)
     return f"{op.target}: {qual} is not bound in {source.label}"
 
 
@@ -257,6 +260,14 @@ def drift_of(op: Op, module: str | None, file: str | None, source: Source,
     if rpins.digest(now) == pin.digest:
         return out
     out.verdict = CHANGED
+    if pin.kind in rpins.OWNER_KINDS:  # the pin holds the class's member names, not its text
+        before_names = pin.source.splitlines()
+        after_names = member_list(node).splitlines()
+        out.diff = upstream_diff(pin.source, member_list(node),
+                                 f"{pin.module}:{qual} (members)", pin.release, against)
+        out.added = sorted(set(after_names) - set(before_names))
+        out.removed = sorted(set(before_names) - set(after_names))
+        return out
     out.diff = upstream_diff(pin.source, now, f"{pin.module}:{qual}", pin.release, against)
     if isinstance(node, ast.ClassDef):
         before = members(_class_of(pin.source))
@@ -281,6 +292,12 @@ def _class_of(text: str) -> ast.ClassDef | None:
     except SyntaxError:
         return None
     return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+
+
+def member_list(node: ast.stmt) -> str:
+    """The names a class body binds, one a line (a pin's text for an add or field)."""
+    return "".join(f"{name}\n" for name in members(node if isinstance(node, ast.ClassDef)
+                                                    else None))
 
 
 def members(cls: ast.ClassDef | None) -> dict[str, None]:
