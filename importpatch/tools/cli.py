@@ -60,17 +60,24 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                                                  "kind": str|null, "fit": int|null}],
                                "symbol": null | {"qualname", "found": bool, "kind", "line"},
                                "order": int|null, "decorated": bool|null,
-                               "chain": LINK|null}]}],
+                               "chain": LINK|null, "drift": DRIFT|null}],
+                      "drift": "unchanged"|"changed"|"moved"|"gone"|"unpinned"|""}],
+         DRIFT = {"verdict": "unchanged"|"changed"|"moved"|"gone"|"unpinned", "pinned",
+                  "against", "module", "qualname", "diff" (upstream's, pinned -> against),
+                  "added": [str], "removed": [str] (a class's members), "candidates": [str]
+                  (moved: "module:qualname"), "pin_file"} (importpatch pin; null: not pinnable)
          "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
          "chains": [CHAIN] (active patches), "scope": "enabled"|"named"|"all",
-         "unchecked": [str] (discovered, not checked), "problems": [str], "exit_status": 0|1}
+         "unchecked": [str] (discovered, not checked), "problems": [str],
+         "exit_status": 0|1|3 (3: --fail-on-drift and a pinned original drifted)}
          (an unknown name in IMPORTPATCH_ENABLE is a patch with origin "unknown", status fail)
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
          "failed": int, "processes": int}}, "bad_lines": int,
          "requested": {name: {"applied_anywhere": bool, "fates": {FATE: int (processes)},
-                              "detail"}}, "never_applied": [name]}
+                              "detail"}}, "never_applied": [name],
+         "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said)}
          FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
          (a started event also has "requested" and "on": [name])
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
@@ -80,6 +87,8 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
                  "chains": [{"target", "links": [LINK + {"how"}]}], "children": [PROC]}
 edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
          "kept": bool, "patched": bool}]}
+pin:    {"pins": [{"patch", "kind", "target", "file", "release", "problem"}], "ok": bool}
+convert: {"name", "out", "text", "base", "target", "similarity": float}
 save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
 capture: {"dist", "version", "site", "source", "name", "out", "base", "requires": [str], "work",
           "changes": [{"path", "how": "edited"|"added"|"deleted", "carried": bool, "why"}],
