@@ -108,6 +108,9 @@ def check(
             req = Requirement(text)
         except InvalidRequirement as exc:
             return False, f"invalid requirement {text!r}: {exc}"
+        # PEP 508 environment marker: evaluated on this machine, as pip does
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            return False, f"requires {text}, but {req.marker} is false here ({_env_of(req)})"
         installed = version_of(req.name)
         found = f"{req.name} {installed} in {where}" if where else (
             f"installed {req.name} {installed}")
@@ -128,3 +131,12 @@ def check(
             return False, f"requires {text}, {found}"
         reasons.append(f"{req.name} {installed} satisfies {text}")
     return True, "; ".join(reasons) or "no version requirement"
+
+
+def _env_of(req: object) -> str:
+    """The values of the marker variables ``req``'s marker names, on this machine."""
+    from packaging.markers import default_environment
+
+    env = default_environment()
+    text = str(getattr(req, "marker", ""))
+    return ", ".join(f"{k} is {v!r}" for k, v in env.items() if k in text) or "no variable"

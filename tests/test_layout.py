@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "importpatch"
 # imported only by `importpatch ...`, pytest and scripts, never by the pipeline stages.
 TOOLS = [
     "cli", "check", "packages", "sideeffects", "authoring", "rebase", "capture", "releases",
-    "fromgit", "pytest_plugin",
+    "fromgit", "pytest_plugin", "pinning",
 ]
 
 

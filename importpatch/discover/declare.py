@@ -44,6 +44,30 @@ CHAIN_KINDS = (REPLACE, SUBCLASS, WRAP)  # make one target's installed object, i
 ORDERED_KINDS = (WRAP, SUBCLASS)  # stack by (order, patch name)
 
 
+# PEP 508 marker variables: a ";" part of a requirement string that starts with one of them (or
+# a quote or parenthesis) is the environment marker of the requirement before it, not another one.
+MARKER_VARS = (
+    "python_version", "python_full_version", "os_name", "sys_platform", "platform_release",
+    "platform_system", "platform_version", "platform_machine", "platform_python_implementation",
+    "implementation_name", "implementation_version", "extra",
+)
+
+
+def split_requires(text: str) -> list[str]:
+    """``"vllm>=0.30; platform_machine == 'x86_64'; torch>=2"`` -> ``["vllm>=0.30;
+    platform_machine == 'x86_64'", "torch>=2"]``: requirements separated by ``;``, each with the
+    PEP 508 environment marker that follows it."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        if out and (part.startswith(("'", '"', "(", "not ")) or part.startswith(MARKER_VARS)):
+            out[-1] = f"{out[-1]}; {part}"
+        else:
+            out.append(part)
+    return out
+
+
 class DeclarationError(ValueError):
     """A patch declaration is malformed (bad target string, bad header, bad option)."""
 
@@ -130,7 +154,7 @@ class Patch:
         if on_error not in ("fail", "warn"):
             raise DeclarationError(f"patch {name}: on_error must be 'fail' or 'warn'")
         if isinstance(requires, str):
-            requires = [r for r in (s.strip() for s in requires.split(";")) if r]
+            requires = split_requires(requires)
         self.name = name
         self.requires: tuple[str, ...] = tuple(requires or ())
         self.default = bool(default)
@@ -428,7 +452,7 @@ def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
         candidates.setdefault(first, []).extend(others)
     patch = Patch(
         name,
-        requires=[r for line in header.get("requires", []) for r in line.split(";") if r.strip()],
+        requires=[r for line in header.get("requires", []) for r in split_requires(line)],
         default=boolean("default", "off"),
         on_error=(header.get("on-error") or ["fail"])[0].lower(),
         doc=(header.get("summary") or [""])[0],

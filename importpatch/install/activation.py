@@ -17,6 +17,7 @@ same plan. Imported on every patched import, cache hit or not: no ``ast`` at mod
 
 from __future__ import annotations
 
+import os
 import sys
 
 from importpatch import events
@@ -59,21 +60,25 @@ def _on_owner(op: Op) -> bool:
 
 class Fact:
     """The binding verdict (``bindings.Verdict``) of one qualname and whether a landing site was
-    inserted for it; kept with the compiled code in the bytecode cache."""
+    inserted for it; kept with the compiled code in the bytecode cache. ``digest``: of the bound
+    original's normalised text (``rewrite.pins``), compared with a patch's pin at every import."""
 
-    __slots__ = ("state", "seen", "why", "line")
+    __slots__ = ("state", "seen", "why", "line", "digest")
 
-    def __init__(self, state: str, seen: bool, why: str = "", line: int = 0) -> None:
+    def __init__(self, state: str, seen: bool, why: str = "", line: int = 0,
+                 digest: str = "") -> None:
         self.state, self.seen, self.why, self.line = state, seen, why, line
+        self.digest = digest
 
     # Marks entries of this format: code made before begin/done existed must never be reused.
-    FORMAT = "\tfacts-1"
+    FORMAT = "\tfacts-2"
 
     @classmethod
     def pack(cls, facts: dict[str, Fact]) -> set[str]:
         packed = {cls.FORMAT}
         for qual, f in facts.items():
-            packed.add("\t".join((qual, f.state, "1" if f.seen else "0", str(f.line), f.why)))
+            packed.add("\t".join((qual, f.state, "1" if f.seen else "0", str(f.line), f.digest,
+                                  f.why)))
         return packed
 
     @classmethod
@@ -84,10 +89,10 @@ class Fact:
             return None
         out: dict[str, Fact] = {}
         for item in items - {cls.FORMAT}:
-            parts = item.split("\t", 4)
-            if len(parts) != 5 or not parts[3].isdigit():
+            parts = item.split("\t", 5)
+            if len(parts) != 6 or not parts[3].isdigit():
                 return None
-            out[parts[0]] = cls(parts[1], parts[2] == "1", parts[4], int(parts[3]))
+            out[parts[0]] = cls(parts[1], parts[2] == "1", parts[5], int(parts[3]), parts[4])
         return out
 
 
@@ -159,6 +164,41 @@ class ModulePlan:
                 why = next((w for w in (self._unproven(op, facts) for op in ops) if w), "")
                 if why:
                     self.staged[patch.name] = why
+            self._drift(patch, ops, facts)
+
+    def _drift(self, patch: Patch, ops: list[Op], facts: dict[str, Fact]) -> None:
+        """A pinned original that changed since the pin (``rewrite.pins``): one warning per
+        process and an ``info`` event; under IMPORTPATCH_STRICT=1 the import fails (an
+        on_error="warn" patch is dropped). The digests were computed at compile time."""
+        if patch.origin == "builtin":
+            return  # checked over every release its Requires admits (docs/compat-matrix.md)
+        from importpatch.rewrite.pins import pinned_qual, pins_of
+
+        pins = pins_of(patch)
+        if not pins:
+            return
+        for op in ops:
+            qual = pinned_qual(op.kind, op.qualname)
+            fact = facts.get(qual) if qual else None
+            pin = next((p for m in (self.module, *op.modules) if (p := pins.get((m, qual or "")))),
+                       None)
+            if pin is None or fact is None or not fact.digest or fact.digest == pin.digest:
+                continue
+            what = (f"{op.kind} {op.target}: the original {self.module}:{qual} changed since "
+                    f"the patch was pinned ({pin.release or 'unknown release'}); "
+                    f"'importpatch check {patch.name}' shows upstream's diff")
+            from importpatch import config
+
+            if config.flag(os.environ, config.STRICT):
+                err = PatchError(patch.name, self.module, f"{what} ({config.STRICT} is on)",
+                                 file=self.file)
+                if patch.on_error != "warn":
+                    raise self.fail(err)
+                self.drop(patch, err.what)
+                return
+            events.record("info", patch.name, f"{self.module}:{qual}", "drift", what)
+            events.warn_once(f"drift\0{patch.name}\0{self.module}\0{qual}",
+                             f"{patch.name}: {what}")
 
     def _doomed(self, op: Op, facts: dict[str, Fact]) -> PatchError | None:
         from importpatch.rewrite.bindings import ABSENT, BOUND, REFUSED

@@ -385,10 +385,10 @@ class PatchLoader:
             try:
                 if kind in ("plain", "opaque"):
                     code, facts = transforms.compile_module(
-                        self.fullname, patched, qualnames, fact_quals, filename
+                        self.fullname, patched, qualnames, fact_quals, filename, original=text
                     )
                 else:
-                    code, facts = self._compose(patched, qualnames, fact_quals, filename)
+                    code, facts = self._compose(patched, qualnames, fact_quals, filename, text)
             except SyntaxError as exc:
                 raise PatchError(
                     code_ops[0].patch.name if code_ops else ops[0].patch.name, self.fullname,
@@ -403,8 +403,8 @@ class PatchLoader:
         activation.register(plan)
         return build
 
-    def _compose(self, patched: str, qualnames: list[str], fact_quals: set[str], filename: str
-                 ) -> tuple[CodeType, dict[str, Any]]:
+    def _compose(self, patched: str, qualnames: list[str], fact_quals: set[str], filename: str,
+                 original: str) -> tuple[CodeType, dict[str, Any]]:
         """The patched module's code made by the other hook's loader (importpatch/load/hooks.py);
         where it cannot be, ours (``_cannot_compose``: a warning, or the failure under strict)."""
         from importpatch import events
@@ -414,7 +414,7 @@ class PatchLoader:
 
         assert self.origin is not None
         tree, facts = transforms.module_tree(self.fullname, patched, qualnames, fact_quals,
-                                             filename)
+                                             filename, original)
         inner = _innermost(self.loader)
         try:
             code = hooks.compile_through(self.kind, inner, self.fullname, tree, patched,
@@ -422,7 +422,7 @@ class PatchLoader:
         except hooks.CannotCompose as exc:
             self._cannot_compose(str(exc))
             return transforms.compile_module(self.fullname, patched, qualnames, fact_quals,
-                                             filename)
+                                             filename, original)
         what = (f"compiled through {hooks.describe(inner, self.via)}: that import hook's "
                 "processing of the module is kept")
         for name in dict.fromkeys(e.name for e in self.entries):

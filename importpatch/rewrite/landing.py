@@ -233,3 +233,18 @@ def facts_of(tree: ast.Module, qualnames: Iterable[str]) -> dict[str, Fact]:
         line = v.binding.line if v.binding is not None else 0
         out[key] = Fact(v.state, True, v.why, line)
     return out
+
+
+def add_digests(facts: dict[str, Fact], tree: ast.Module, text: str) -> None:
+    """Each fact's ``digest``: of its original's normalised text in ``tree`` / ``text`` (the
+    module as released, before code changes; ``rewrite.pins``), compared with pins at import."""
+    from importpatch.rewrite import bindings
+    from importpatch.rewrite.pins import digest_of
+
+    lines = text.splitlines(keepends=True)
+    for key, fact in facts.items():
+        if key.startswith("+"):
+            continue
+        v = bindings.verdict(tree, key)
+        if v.binding is not None and v.state == bindings.BOUND:
+            fact.digest = digest_of(lines, v.binding.node)

@@ -138,21 +138,25 @@ _MAIN_BLOCK = re.compile(r"^if\s+.*__main__", re.M)  # done() must go before suc
 
 
 def compile_module(
-    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
+    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str,
+    original: str | None = None,
 ) -> tuple[CodeType, dict[str, activation.Fact]]:
     """Parse the (patched) text, read what it proves of ``fact_quals`` (before the tree changes),
-    add definition-site landings for ``qualnames`` and the begin/done hooks, compile."""
+    add definition-site landings for ``qualnames`` and the begin/done hooks, compile.
+    ``original``: the module's text before code changes, whose originals the facts' digests are
+    of (default: ``text``)."""
     if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
         # Only code changes: nothing to land, nothing to add, so the text plus one closing line
         # compiles directly (about twice as fast as parse + compile(tree)); lines do not move.
         closing = f"\n{activation.HOOKS}.done({module!r})\n"
         return compile(text + closing, code_filename, "exec", dont_inherit=True), {}
-    tree, facts = module_tree(module, text, qualnames, fact_quals, code_filename)
+    tree, facts = module_tree(module, text, qualnames, fact_quals, code_filename, original)
     return compile(tree, code_filename, "exec", dont_inherit=True), facts
 
 
 def module_tree(
-    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str
+    module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str,
+    original: str | None = None,
 ) -> tuple[ast.Module, dict[str, activation.Fact]]:
     """What ``compile_module`` compiles, as a tree (landings and begin/done included): what
     another import hook's transform works on (importpatch/load/hooks.py)."""
@@ -161,6 +165,13 @@ def module_tree(
         return ast.parse(text + closing, filename=code_filename), {}
     tree = ast.parse(text, filename=code_filename)
     facts = landing.facts_of(tree, fact_quals)
+    if original is None or original == text:
+        landing.add_digests(facts, tree, text)
+    else:  # the digests are of the originals as released, before the code changes
+        try:  # noqa: SIM105 (contextlib is not imported on the import path)
+            landing.add_digests(facts, ast.parse(original), original)
+        except SyntaxError:
+            pass
     unseen = landing.rewrite(tree, module, qualnames)
     for qual in unseen & facts.keys():
         facts[qual].seen = False

@@ -107,6 +107,7 @@ class OpResult:
     order: int | None = None  # a wrap's or subclass's order
     decorated: bool | None = None  # replace / wrap / subclass: on the decorated result
     chain: dict[str, Any] | None = None  # a chain op of an active patch: activation.link
+    drift: dict[str, Any] | None = None  # its pinned original here (tools/pinning.py's Drift)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -131,6 +132,7 @@ class PatchResult:
     warnings: list[str] = dataclasses.field(default_factory=list)
     base: str | None = None  # a diff patch's Base: header (the release it was made on)
     suggestion: str = ""  # what to run when a diff does not fit but its base is known
+    drift: str = ""  # the worst drift verdict of its ops (tools/pinning.py); "": none pinnable
 
     @property
     def active(self) -> bool:
@@ -624,6 +626,7 @@ def _check_entry(
             res.status = WARN if res.status == OK else res.status
             res.detail = f"{res.detail}; {note}" if res.detail else note
     _whole_diff(pairs)
+    _drift(patch, pairs, checker.source, result)
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
     result.base = patch.base
@@ -662,6 +665,24 @@ def _excludes_this_release(requires: Sequence[str], source: Source) -> bool:
         except InvalidVersion:
             continue
     return False
+
+
+def _drift(patch: Any, pairs: list[tuple[declare.Op, OpResult]], source: Source,
+           result: PatchResult) -> None:
+    """Each Python op's pinned original compared with ``source``'s (tools/pinning.py)."""
+    from importpatch.tools import pinning as pins
+
+    drifts = pins.for_patch(patch, pairs, source)
+    for (_, res), d in zip(pairs, drifts, strict=True):
+        res.drift = d.to_json() if d is not None else None
+    result.drift = pins.overall(drifts)
+
+
+def drifted(report: Report) -> list[PatchResult]:
+    """The checked patches with a drifted (changed, moved, gone) pinned original."""
+    from importpatch.tools.pinning import DRIFTED
+
+    return [p for p in report.patches if p.drift in DRIFTED]
 
 
 def _whole_diff(pairs: list[tuple[declare.Op, OpResult]]) -> None:

@@ -4,6 +4,8 @@
     importpatch check [NAME...|--all] [--against P]  dry run of the patches on here (the named
                                               ones; --all: every one) against installed or P
     importpatch diff NAME [--against P]       effective source diff of a diff/transform patch
+    importpatch pin NAME... [--against P]     record the Python targets' originals beside them
+    importpatch convert NAME                  an edited copy (replace) -> a diff of the edit
     importpatch status [--events-dir DIR]     the events every process wrote, as a process tree
     importpatch doctor                        is the hook installed and active here, and can
                                               every requested patch apply here?
@@ -58,17 +60,24 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                                                  "kind": str|null, "fit": int|null}],
                                "symbol": null | {"qualname", "found": bool, "kind", "line"},
                                "order": int|null, "decorated": bool|null,
-                               "chain": LINK|null}]}],
+                               "chain": LINK|null, "drift": DRIFT|null}],
+                      "drift": "unchanged"|"changed"|"moved"|"gone"|"unpinned"|""}],
+         DRIFT = {"verdict": "unchanged"|"changed"|"moved"|"gone"|"unpinned", "pinned",
+                  "against", "module", "qualname", "diff" (upstream's, pinned -> against),
+                  "added": [str], "removed": [str] (a class's members), "candidates": [str]
+                  (moved: "module:qualname"), "pin_file"} (importpatch pin; null: not pinnable)
          "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
          "chains": [CHAIN] (active patches), "scope": "enabled"|"named"|"all",
-         "unchecked": [str] (discovered, not checked), "problems": [str], "exit_status": 0|1}
+         "unchecked": [str] (discovered, not checked), "problems": [str],
+         "exit_status": 0|1|3 (3: --fail-on-drift and a pinned original drifted)}
          (an unknown name in IMPORTPATCH_ENABLE is a patch with origin "unknown", status fail)
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
          "failed": int, "processes": int}}, "bad_lines": int,
          "requested": {name: {"applied_anywhere": bool, "fates": {FATE: int (processes)},
-                              "detail"}}, "never_applied": [name]}
+                              "detail"}}, "never_applied": [name],
+         "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said)}
          FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
          (a started event also has "requested" and "on": [name])
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
@@ -78,6 +87,8 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
                  "chains": [{"target", "links": [LINK + {"how"}]}], "children": [PROC]}
 edit:   {"name", "folder", "base": str|null, "source", "files": [{"module", "path", "file", "orig",
          "kept": bool, "patched": bool}]}
+pin:    {"pins": [{"patch", "kind", "target", "file", "release", "problem"}], "ok": bool}
+convert: {"name", "out", "text", "base", "target", "similarity": float}
 save:   {"name", "out", "base": str|null, "requires": [str], "files": [str], "unchanged": [str]}
 capture: {"dist", "version", "site", "source", "name", "out", "base", "requires": [str], "work",
           "changes": [{"path", "how": "edited"|"added"|"deleted", "carried": bool, "why"}],
@@ -106,6 +117,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -148,9 +160,13 @@ class Style:
         return self._paint(code, line) if code else line
 
 
+class Verbatim(str):
+    """A line ``fit`` never wraps (a line of a diff)."""
+
+
 def fit(line: str, width: int = WIDTH) -> list[str]:
     """``line`` wrapped to ``width`` columns; continuation lines are indented 4 more."""
-    if len(line) <= width:
+    if len(line) <= width or isinstance(line, Verbatim):
         return [line]
     indent = " " * (len(line) - len(line.lstrip(" ")) + 4)
     return textwrap.wrap(
@@ -267,9 +283,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from importpatch.tools import check
 
     report = check.run(args.names, args.against, every=args.all)
+    status = _drift_status(report, args.fail_on_drift)
     if args.json:
-        emit_json(report.to_json())
-        return report.exit_status
+        emit_json({**report.to_json(), "exit_status": status})
+        return status
     style = Style(sys.stdout)
     scope = {"named": "the named patches", "all": "every discovered patch (--all)",
              "enabled": "the patches on here (--all: every discovered patch)"}[report.scope]
@@ -287,9 +304,48 @@ def cmd_check(args: argparse.Namespace) -> int:
     if report.unchecked and report.scope == "enabled":
         lines += ["", f"not checked (off here): {', '.join(report.unchecked)}; "
                       "'importpatch check --all' checks them too"]
-    lines += ["", f"{len(report.patches)} patch(es): {tally}; exit status {report.exit_status}"]
+    lines += _drift_tally(report, args.fail_on_drift)
+    lines += ["", f"{len(report.patches)} patch(es): {tally}; exit status {status}"]
     emit(lines)
-    return report.exit_status
+    return status
+
+
+def _drift_status(report: Any, fail_on_drift: bool) -> int:
+    """check's exit status: the report's; with --fail-on-drift, DRIFT_EXIT (3) when that is 0
+    but a pinned original drifted (tools/pinning.py)."""
+    from importpatch.tools import check
+    from importpatch.tools import pinning as pins
+
+    if report.exit_status == 0 and fail_on_drift and check.drifted(report):
+        return pins.DRIFT_EXIT
+    return int(report.exit_status)
+
+
+def _drift_tally(report: Any, fail_on_drift: bool) -> list[str]:
+    from importpatch.tools import check
+
+    drifted = check.drifted(report)
+    unpinned = [p.name for p in report.patches if p.drift == "unpinned"]
+    lines = []
+    if drifted:
+        lines += ["", f"drift: {', '.join(p.name for p in drifted)}: a pinned original changed "
+                      "upstream" + ("" if fail_on_drift else " (--fail-on-drift: exit status 3)")]
+    if unpinned:
+        lines += ["", f"unpinned: {', '.join(unpinned)} ('importpatch pin NAME' records what "
+                      "they were written against)"]
+    return lines
+
+
+def drift_lines(drift: dict[str, Any] | None, pad: str) -> list[str]:
+    """An op's drift verdict, and for a changed original upstream's diff, indented."""
+    from importpatch.tools.pinning import CHANGED, UNPINNED, Drift
+
+    if drift is None or drift["verdict"] == UNPINNED:
+        return []
+    lines = [f"{pad}drift: {drift['verdict']}: {Drift(**drift).summary()}"]
+    if drift["verdict"] == CHANGED and drift["diff"]:
+        lines += [Verbatim(f"{pad}    {line}") for line in drift["diff"].splitlines()]
+    return lines
 
 
 def check_lines(p: Any, style: Style) -> list[str]:
@@ -315,6 +371,7 @@ def check_lines(p: Any, style: Style) -> list[str]:
             lines.append(f"{pad}-> {op.module} (candidate {i} of {len(op.candidates)})")
         if op.detail:
             lines.append(f"{pad}{op.detail}")
+        lines += drift_lines(getattr(op, "drift", None), pad)
         if op.chain is not None and op.chain["length"] > 1:
             lines.append(f"{pad}{link_text(op.chain)}")
         elif op.kind in ORDERED and op.order:
@@ -353,6 +410,47 @@ def chain_lines(chains: Sequence[dict[str, Any]], whose: str) -> list[str]:
             lines.append(f"    {link['position']}. {link['kind']:8} {link['patch']}{order}"
                          f"{original}")
     return lines
+
+
+# -- pin -----------------------------------------------------------------------------------------
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    from importpatch.tools import pinning as pins
+
+    done = pins.pin(args.names, args.against, every=args.all)
+    if args.json:
+        emit_json({"pins": [dataclasses.asdict(p) for p in done],
+                   "ok": not any(p.problem for p in done)})
+        return 1 if any(p.problem for p in done) else 0
+    lines = []
+    for p in done:
+        if p.problem:
+            lines.append(f"{p.patch}: not pinned: {p.problem}")
+        else:
+            lines.append(f"{p.patch}: {p.kind} {p.target}: pinned to {p.release} in {p.file}")
+    if not done:
+        lines.append("nothing to pin: no replace, wrap, subclass, set, add or field among them")
+    emit(lines)
+    return 1 if any(p.problem for p in done) else 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from importpatch.tools import pinning
+
+    done = pinning.convert(args.name, target=args.target, name=args.new_name, base=args.base,
+                           out=args.out, dry_run=args.dry_run)
+    if args.json:
+        emit_json(dataclasses.asdict(done))
+        return 0
+    if args.dry_run:
+        sys.stdout.write(done.text)
+        return 0
+    emit([f"wrote {done.out}: patch {done.name}, the edit of {args.name}'s copy of {done.target} "
+          f"as a diff against {done.base} (the copy keeps {done.similarity:.0%} of the original)",
+          f"next: remove that replace from {args.name}'s file, then 'importpatch rebase "
+          f"{done.name} --to WHERE' carries the edit to another release (3-way merge)"])
+    return 0
 
 
 # -- diff ----------------------------------------------------------------------------------------
@@ -736,6 +834,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"events_dir": os.path.abspath(folder), "processes": roots,
                    "patches": patches, "requested": requested, "never_applied": never,
+                   "drift": [{"patch": p, "detail": d} for p, d in drift_events(procs)],
                    "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
@@ -755,10 +854,25 @@ def cmd_status(args: argparse.Namespace) -> int:
             r = requested[name]
             fates = ", ".join(f"{FATES[f]} in {n}" for f, n in r["fates"].items())
             lines.append(f"    {name}: {fates}" + (f" ({r['detail']})" if r["detail"] else ""))
+    drift = drift_events(procs)
+    if drift:
+        lines += ["", style.status("warn", "pinned originals that changed (importpatch check "
+                                           "NAME shows upstream's diff):")]
+        lines += [f"    {name}: {detail}" for name, detail in drift]
     if bad:
         lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
     emit(lines)
     return 0
+
+
+def drift_events(procs: dict[tuple[str, int], dict[str, Any]]) -> list[tuple[str, str]]:
+    """(patch, detail) of each distinct drift event (activation.ModulePlan._drift)."""
+    seen: dict[tuple[str, str], None] = {}
+    for proc in procs.values():
+        for ev in proc["events"]:
+            if ev.get("how") == "drift":
+                seen[(ev["patch"], ev["detail"])] = None
+    return list(seen)
 
 
 # The fate of a requested patch name in one process (`status`), most telling first.
@@ -1009,6 +1123,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     warnings += compat.object_target_warnings(catalog.load(toggles), toggles)
     problems += _cannot_apply_here(warnings)
+    from importpatch.tools.pinning import enabled_drift
+
+    warnings += [f"drift: {line}" for line in enabled_drift(catalog.load(toggles), toggles)]
     if not env:
         notes.append(
             "no IMPORTPATCH_* variable is set here. A launcher that clears the environment (sudo, "
@@ -1337,6 +1454,27 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--against", metavar="WHERE",
                    help="a .whl, .tar.gz sdist, source tree, site-packages folder or a release "
                         "NAME==VERSION[:sdist] (cached; default: the installed packages)")
+    c.add_argument("--fail-on-drift", action="store_true",
+                   help="exit status 3 when everything applies but a pinned original changed, "
+                        "moved or is gone (importpatch pin)")
+    n = command("pin", cmd_pin, "record what the patches' Python targets are now, beside them")
+    n.add_argument("names", nargs="*", metavar="NAME")
+    n.add_argument("--all", action="store_true", help="pin every discovered patch")
+    n.add_argument("--against", metavar="WHERE",
+                   help="take the originals from a .whl, .tar.gz sdist, folder or release "
+                        "NAME==VERSION (default: installed)")
+    o = command("convert", cmd_convert, "turn a replace that is an edited copy of its original "
+                "into a diff patch of just the edit (rebase then carries it)")
+    o.add_argument("name", metavar="NAME")
+    o.add_argument("--target", metavar="MODULE:QUALNAME",
+                   help="the replace to convert, when the patch has several")
+    o.add_argument("--base", metavar="WHERE",
+                   help="the release the copy was made from (default: its pin's release)")
+    o.add_argument("--as", dest="new_name", metavar="NEW",
+                   help="the diff patch's name (default: NAME-FUNCTION)")
+    o.add_argument("--out", metavar="PATH",
+                   help="file or folder (default: the first folder of IMPORTPATCH_PATH)")
+    o.add_argument("--dry-run", action="store_true", help="print the diff patch; write nothing")
     d = command("diff", cmd_diff, "the effective source diff of a diff/transform patch")
     d.add_argument("name", metavar="NAME")
     d.add_argument("--against", metavar="WHERE", help="as for check")

@@ -286,6 +286,14 @@ def _three_way(
         assert what == "conflict"
         _, z1, z2, a1, a2, b1, b2 = region
         owners = _owners(spans, a1, a2)
+        settled = reindented(base_lines[z1:z2], ours_lines[a1:a2], their_lines[b1:b2])
+        if settled is not None:  # upstream only re-indented and inserted lines there
+            for s in owners:
+                kinds[s.index].append(APPLIED)
+                landed.setdefault(s.index, (len(out) + 1, ib - iz))
+                upstream_near[s.index].append(len(out) + 1)
+            out.extend(settled)
+            continue
         for s in owners:
             kinds[s.index].append(CONFLICT)
         start = len(out) + 1
@@ -323,6 +331,60 @@ def _three_way(
     text = "".join(out)
     unsettled = conflicts or any(f.status == CONFLICT for f in fates)
     return FileMerge(CONFLICT if unsettled else MERGED, text, fates, conflicts)
+
+
+def reindented(base: list[str], ours: list[str], theirs: list[str]) -> list[str] | None:
+    """A conflict region settled when upstream's side only re-indents base lines and inserts
+    new ones (a ``with`` or ``if`` put around them, the vllm-gaudi case of issue 28) and the
+    patch's edits fall between upstream's insertions: the patch's edits applied to upstream's
+    lines, each line it adds indented as upstream re-indented the line it replaces. None when
+    that is not so (a real conflict)."""
+    def key(line: str) -> str:
+        return line.strip()
+
+    def indent(line: str) -> str:
+        return line[:len(line) - len(line.lstrip(" \t"))]
+
+    theirs_ops = difflib.SequenceMatcher(None, [key(x) for x in base],
+                                         [key(x) for x in theirs], autojunk=False).get_opcodes()
+    if any(tag not in ("equal", "insert") for tag, *_ in theirs_ops):
+        return None
+    theirs_of: dict[int, str] = {}  # base line -> upstream's (re-indented) line
+    inserted: dict[int, list[str]] = {}  # before base line -> upstream's new lines
+    for tag, i1, i2, j1, j2 in theirs_ops:
+        if tag == "equal":
+            theirs_of.update((i1 + k, theirs[j1 + k]) for k in range(i2 - i1))
+        else:
+            inserted[i1] = theirs[j1:j2]
+    if all(theirs_of[i] == base[i] for i in theirs_of):
+        return None  # no re-indentation: an ordinary conflict
+    ours_ops = difflib.SequenceMatcher(None, base, ours, autojunk=False).get_opcodes()
+    out: list[str] = []
+    for tag, i1, i2, j1, j2 in ours_ops:
+        if tag != "equal" and (any(i1 < p < i2 for p in inserted) or (
+                tag == "insert" and i1 in inserted)):
+            return None  # the patch changes lines upstream put new lines between
+        for i in range(i1, i2 if tag == "equal" else i1):
+            out += inserted.get(i, [])
+            out.append(theirs_of[i])
+        if tag == "equal":
+            continue
+        out += inserted.get(i1, []) if i1 < i2 else []
+        near = i1 if i1 < len(base) else i1 - 1
+        if near < 0 or near not in theirs_of:
+            if j2 > j1:
+                return None
+            continue
+        old, new = indent(base[near]), indent(theirs_of[near])
+        for line in ours[j1:j2]:
+            if not line.strip():
+                out.append(line)
+            elif line.startswith(old) and (new.startswith(old) or old.startswith(new)):
+                out.append(new + line[len(old):])
+            else:
+                return None
+    out += inserted.get(len(base), [])
+    return out
 
 
 def _unowned(s: _Span, moved: int, theirs: str, merged: str) -> HunkFate:
