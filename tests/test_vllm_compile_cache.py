@@ -199,3 +199,32 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
     assert proc.returncode == 0, proc.stderr
     key_lines = [x for x in proc.stdout.splitlines() if "compile cache key" in x]
     assert key_lines and all("layer-scale=" in x for x in key_lines), proc.stdout
+
+
+def test_a_samplingparams_field_reaches_the_workers_sampler_per_request(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """docs/triton.md's per-request example, run as the page says: its script, its patch folder,
+    a multiprocess LLM() (the field crosses into the spawned EngineCore and Worker). Token 147 is
+    the tiny model's first greedy token for the prompt (seed 0)."""
+    examples = ROOT / "docs" / "examples"
+    env = clean_env({
+        "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TMPDIR": str(tmp_path),
+        "IMPORTPATCH_PATH": str(examples / "patches"),
+        "IMPORTPATCH_ENABLE": "per-request-banned-tokens",
+        "IMPORTPATCH_EVENTS_DIR": str(tmp_path / "events"),
+        "IMPORTPATCH_CACHE_DIR": str(tmp_path / "importpatch-cache"),
+    })
+    proc = subprocess.run([sys.executable, str(examples / "per_request.py"), model_dir],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    # the script's one JSON line (vLLM logs its shutdown to stdout after it)
+    banned, plain = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("[[")))
+    assert plain[0] == 147 and 147 not in banned, (banned, plain)
+    events = [json.loads(x) for f in (tmp_path / "events").glob("*.jsonl")
+              for x in f.read_text().splitlines()]
+    applied = {(e["how"], e["target"]) for e in events if e["outcome"] == "applied"
+               and e["patch"] == "per-request-banned-tokens"}
+    assert any("InputBatch.add_request" in t for _, t in applied), applied  # the Worker's batch
+    assert any("SamplingParams" in t for _, t in applied), applied  # the field
