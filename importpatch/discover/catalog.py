@@ -44,11 +44,12 @@ Invariants:
   to reach; the message spells out the string target. A patch package's (the blog post's layout)
   are applied in place right after that module ran (or, when the package's own module is what
   imported it, right after that module finished), with one warning per process tree
-  (``in_place_only``; not its diffs, transforms or field ops, nor under strict mode). Declarations run in a child process
-  under a time limit (``scan_bounded``, importpatch/discover/scanchild.py): one that hangs or ends
-  the process is recorded broken like one that raises, and the process that builds the index imports
-  nothing they import. (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what
-  they imported that a chosen patch targets, so its next import is patched or fails closed.) The
+  (``in_place_only``; not its diffs, transforms or field ops, nor under strict mode).
+  Declarations run in a child process under a time limit (``scan_bounded``,
+  importpatch/discover/scanchild.py): one that hangs or ends the process is recorded broken like
+  one that raises, and the process that builds the index imports nothing they import. (Scanning
+  in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a chosen
+  patch targets, so its next import is patched or fails closed.) The
   cold process also forgets the Patch objects it made while scanning from patch files: like every
   warm process, it executes a patch file when a module it targets is imported.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
