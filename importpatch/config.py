@@ -45,6 +45,11 @@ DISCOVERING = "_IMPORTPATCH_DISCOVERING"
 # its own start-up hook does nothing, silently, and removes the variable.
 SCANNER = "_IMPORTPATCH_SCANNER"
 
+# The warnings of the in-place landing of a patch package that imports its own target
+# (install/late.py, ``warn_own_import``), one key a line: set in the process that printed one, so
+# that the processes it starts (vLLM's EngineCore and Workers) do not print it again.
+WARNED = "_IMPORTPATCH_WARNED"
+
 
 def discovery_timeout(environ: Mapping[str, str]) -> float:
     """``IMPORTPATCH_DISCOVERY_TIMEOUT`` in seconds (0: no limit); the default when unset or not

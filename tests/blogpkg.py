@@ -201,3 +201,108 @@ def files(
 
 def entry_points(*, entry_point: bool) -> str:
     return ENTRY_POINT_VLLM + ("\n" + ENTRY_POINT_IMPORTPATCH if entry_point else "")
+
+
+# -- The post's package as published, and the migration the guide prescribes ----------------------
+
+# The post's patch module: the target imported at module level, the original saved there, a class
+# patch calling it. ``{MODULE}`` / ``{CLASS}``: where the target lives (vLLM's Scheduler in the
+# vllm env, a throwaway class elsewhere); ``{LOG}``: a line that records each call (or nothing).
+PUBLISHED_PRIORITY = '''
+import logging
+
+from {MODULE} import {CLASS}
+from vllm_custom_patches.core import VLLMPatch, min_vllm_version
+
+logger = logging.getLogger(__name__)
+
+_original_schedule = {CLASS}.schedule
+
+
+@min_vllm_version("0.9.1")
+class PrioritySchedulerPatch(VLLMPatch[{CLASS}]):
+    """Waiting requests with a lower priority value are scheduled first."""
+
+    def schedule_with_priority(self, *args, **kwargs):
+        waiting = getattr(self, "waiting", None)
+        if waiting is not None and len(waiting) > 1 and hasattr(waiting, "extend"):
+            ordered = sorted(waiting, key=lambda r: (r.priority, r.arrival_time))
+            waiting.clear()
+            waiting.extend(ordered)
+        output = _original_schedule(self, *args, **kwargs)
+{LOG}
+        return output
+
+    schedule = schedule_with_priority
+'''
+
+# The post's __init__.py with its manager made inside register_patches() (the other layout the
+# post's readers use): ``INIT`` with the module-level manager moved into the function.
+LOCAL_MANAGER = ("\n\nmanager = PatchManager()\n", "\n"), (
+    '    """Main entry point called by vLLM\'s plugin system (vllm.general_plugins)."""\n',
+    '    """Main entry point called by vLLM\'s plugin system (vllm.general_plugins)."""\n'
+    "    manager = PatchManager()\n")
+
+
+def published(module: str, cls: str, *, log: str = "", local_manager: bool = False,
+              vllm_core: bool = True) -> dict[str, str]:
+    """The post's package as published (one patch module, priority_scheduler), targeting
+    ``module``'s class ``cls``: {relative path: text}."""
+    text = (PUBLISHED_PRIORITY.replace("{MODULE}", module).replace("{CLASS}", cls)
+            .replace("{LOG}\n", log))
+    out = files({"priority_scheduler": ("PriorityScheduler", "PrioritySchedulerPatch", text)},
+                compat=False, entry_point=False, vllm_core=vllm_core)
+    if local_manager:
+        init = f"{PACKAGE}/__init__.py"
+        for old, new in LOCAL_MANAGER:
+            assert out[init].count(old) == 1, old
+            out[init] = out[init].replace(old, new)
+    return out
+
+
+def migrate(pkg: dict[str, str], module: str, cls: str) -> dict[str, str]:
+    """What docs/migration.md says to change, line by line: each patch module's import of the
+    post's core, its target as a string, and one entry point in setup.py."""
+    out = dict(pkg)
+    rel = f"{PACKAGE}/patches/priority_scheduler.py"
+    for old, new in ((OWN_IMPORT, COMPAT_IMPORT),
+                     (f"VLLMPatch[{cls}]", f'VLLMPatch["{module}:{cls}"]')):
+        assert out[rel].count(old) == 1, old
+        out[rel] = out[rel].replace(old, new)
+    anchor = '            "custom_patches = vllm_custom_patches:register_patches",\n        ],\n'
+    assert out["setup.py"].count(anchor) == 1
+    out["setup.py"] = out["setup.py"].replace(anchor, anchor + (
+        '        "importpatch.patches": ["custom_patches = vllm_custom_patches:register_patches"],'
+        "\n"))
+    return out
+
+
+def changed_lines(before: dict[str, str], after: dict[str, str]) -> tuple[int, int]:
+    """(lines removed, lines written: changed or added), over every file: a unified diff's - and
+    + lines."""
+    import difflib
+
+    removed = written = 0
+    for rel in sorted(set(before) | set(after)):
+        for line in difflib.unified_diff(before.get(rel, "").splitlines(),
+                                         after.get(rel, "").splitlines(), lineterm="", n=0):
+            if line.startswith(("+++", "---")):
+                continue
+            removed += line.startswith("-")
+            written += line.startswith("+")
+    return removed, written
+
+
+def migration_diff() -> str:
+    """The migration of the post's package (vLLM's Scheduler), as a diff a reader applies:
+    docs/examples/blog-migration.diff, which docs/migration.md includes."""
+    import difflib
+
+    before = published("vllm.v1.core.sched.scheduler", "Scheduler")
+    after = migrate(before, "vllm.v1.core.sched.scheduler", "Scheduler")
+    out = []
+    for rel in sorted(before):
+        if before[rel] != after[rel]:
+            out += difflib.unified_diff(before[rel].splitlines(True), after[rel].splitlines(True),
+                                        f"a/{rel}", f"b/{rel}", n=4)
+    return "".join(out)

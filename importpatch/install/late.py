@@ -37,9 +37,10 @@ object are read, and only those whose source mentions a copied name (or ``import
 
 from __future__ import annotations
 
+import os
 import sys
 
-from importpatch import events
+from importpatch import config, events
 from importpatch.discover.declare import CODE_KINDS
 
 TYPE_CHECKING = False
@@ -371,6 +372,15 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
     from importpatch.errors import PatchError
     from importpatch.load.selection import applicable_ops, load_patches, mark_handled
 
+    running = _running_declarations(entries)
+    if running:
+        # The package's own module is what imported ``name`` (the blog post's layout: the patch
+        # module imports its target at module level, and vLLM's plugin imports that module):
+        # its class is not defined yet, and loading it now would import that half-run module
+        # again. Applied when it has finished, before its import returns (``_when_imported``).
+        mark_handled(module, (e.name for e in entries))
+        _defer(module, name, entries, running)
+        return
     file = getattr(module, "__file__", None)
     patches, broken = load_patches(entries, name)
     for d in broken:
@@ -399,6 +409,95 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
             )
 
 
+def _package_of(entry: Entry) -> str:
+    """The top-level package of a patch package's declaration (``entry.defined``, else the
+    module of its entry point's value ``module:function``)."""
+    value = entry.defined or str(entry.source).partition(" = ")[2]
+    return value.partition(":")[0].strip().partition(".")[0]
+
+
+def _running_declarations(entries: list[Entry]) -> list[ModuleType]:
+    """The modules of the entries' packages that are executing their own import right now (an
+    import of one of them is what imported the target)."""
+    tops = {_package_of(e) for e in entries}
+    out = []
+    for modname, mod in list(sys.modules.items()):
+        if modname.partition(".")[0] in tops and getattr(
+                getattr(mod, "__spec__", None), "_initializing", False):
+            out.append(mod)
+    return out
+
+
+# target module name -> (module, entries) whose declaring package was still being imported when
+# the target finished: applied when it has been (``_when_imported``, or ``run_deferred``).
+_deferred: dict[str, tuple[ModuleType, list[Entry]]] = {}
+
+
+def _defer(module: ModuleType, name: str, entries: list[Entry], running: list[ModuleType]
+           ) -> None:
+    held = _deferred.get(name)
+    _deferred[name] = (module, (held[1] if held else []) + entries)
+    for mod in running:
+        _when_imported(mod)
+
+
+def _when_imported(mod: ModuleType) -> None:
+    """Call ``run_deferred`` as soon as ``mod``'s import has finished: importlib sets its spec's
+    ``_initializing`` back to False right after the module's code ran (``_load_unlocked``, the
+    same on Python 3.10-3.13), so the spec's class is swapped for a subclass that watches that
+    one attribute and puts the original class back. Elsewhere (no spec, a spec of a class that
+    cannot be swapped) ``run_deferred`` runs at the patch class's ``apply()``."""
+    spec = getattr(mod, "__spec__", None)
+    cls = type(spec)
+    if spec is None or getattr(cls, "_importpatch_watch", False):
+        return
+    watcher = _watchers.get(cls)
+    if watcher is None:
+        def _get(self: Any) -> Any:
+            return vars(self).get("_initializing", False)
+
+        def _set(self: Any, value: Any) -> None:
+            vars(self)["_initializing"] = value
+            if not value:
+                self.__class__ = cls
+                run_deferred()
+
+        watcher = _watchers[cls] = type(cls.__name__, (cls,), {
+            "_initializing": property(_get, _set), "_importpatch_watch": True,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        })
+    try:  # noqa: SIM105 (no contextlib import on this path)
+        spec.__class__ = watcher
+    except TypeError:
+        pass
+
+
+_watchers: dict[type, type] = {}
+
+
+def run_deferred() -> None:
+    """Apply in place the deferred patches whose packages have finished importing (failures
+    raise PatchError, as ``apply_own_import`` does)."""
+    for name, (module, entries) in list(_deferred.items()):
+        if _running_declarations(entries):
+            continue
+        del _deferred[name]
+        if sys.modules.get(name) is not module:
+            continue  # the target's import failed or it was dropped meanwhile
+        missing = [e for e in entries if e.defined
+                   and e.defined.partition(":")[0] not in sys.modules]
+        if missing:
+            # The package's module failed to import after it imported the target (its own error
+            # is on its way up): its patches cannot be read, and the target ran without them.
+            for e in missing:
+                events.record("failed", e.name, name, "in-place",
+                              f"{e.source} imported {name} and then failed to import itself")
+            entries = [e for e in entries if e not in missing]
+            if not entries:
+                continue
+        apply_own_import(module, name, entries)
+
+
 def warn_own_import(entries: list[Entry], module: str) -> None:
     """Once per process and package: its patches on ``module`` are applied in place because its
     declaration imports their target (``catalog.in_place_only``), what in place cannot reach,
@@ -409,8 +508,13 @@ def warn_own_import(entries: list[Entry], module: str) -> None:
         if not in_place_only(e):
             continue
         names = sorted(x.name for x in entries if x.source == e.source and in_place_only(x))
+        key = f"own-import:{e.source}"
+        said = os.environ.get(config.WARNED, "")
+        if key in said.split("\n"):
+            continue  # the process that started this one printed it (once per process tree)
+        os.environ[config.WARNED] = f"{said}\n{key}" if said else key
         events.warn_once(
-            f"own-import:{e.source}",
+            key,
             f"patch package {e.source} imports {module} while it declares its patches "
             f"({', '.join(names)}), so they are applied in place after {module} ran: what the "
             "module did with the originals while it executed (decorators, registries, "

@@ -75,6 +75,8 @@ class VLLMPatch:
         super().__init_subclass__(**kwargs)
         if not hasattr(cls, "_patch_target"):
             raise TypeError(f"{cls.__name__} must be defined as VLLMPatch[Target]")
+        if discovering():
+            _keep_entry_frame()
 
     @classmethod
     def __class_getitem__(cls, target: PatchTarget) -> type:
@@ -311,6 +313,44 @@ def name_of(patch_class: type) -> str:
     return patch_class.__name__
 
 
+def _keep_entry_frame() -> None:
+    """While discovery calls a patch package's entry point function (``register_patches``):
+    keep that function's frame, whose variables ``note_registered`` reads once it returned (a
+    ``PatchManager`` made inside the function holds the names; it is gone by then)."""
+    catalog = sys.modules.get("importpatch.discover.catalog")
+    call = getattr(catalog, "ENTRY_CALL", None)
+    if not call or call[0] is None:
+        return
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not call[0]:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is not None and all(frame is not f for f in call[1]):
+        call[1].append(frame)
+
+
+def note_registered(namespace: dict[str, Any]) -> None:
+    """Names given to patch classes in the dicts of ``namespace`` (the variables of the entry
+    point's function: the post's ``manager.available_patches``), as ``name_of`` reads the
+    package's module globals."""
+    for key, registered in _registrations(namespace.values()):
+        _registered.setdefault(registered, key)
+
+
+def _registrations(values: Any) -> list[tuple[str, type]]:
+    """(name, patch class) pairs of the dicts among ``values`` and their objects' attributes."""
+    out = []
+    for value in list(values):
+        holders = [value] if isinstance(value, dict) else []
+        if not isinstance(value, (type, ModuleType)) and hasattr(value, "__dict__"):
+            holders += [v for v in vars(value).values() if isinstance(v, dict)]
+        for registry in holders:
+            for key, registered in list(registry.items()):
+                if isinstance(key, str) and isinstance(registered, type) \
+                        and issubclass(registered, VLLMPatch):
+                    out.append((key, registered))
+    return out
+
+
 def declared_in(module: str) -> list[Patch]:
     """The declarations of the patch classes of ``module``'s top-level package (called by the
     catalog after it imported an entry point's module or ran its function)."""
@@ -343,7 +383,11 @@ def declaration_of(patch_class: type, name: str) -> Patch:
 
 def _apply(cls: type) -> None:
     if discovering():
+        _keep_entry_frame()
         return  # importpatch is reading the declarations; it lands them itself
+    late = sys.modules.get("importpatch.install.late")
+    if late is not None:  # a target imported by this class's module waits for it (in place)
+        late.run_deferred()
     target = cls._patch_target  # type: ignore[attr-defined]
     modules, qual, obj = _where(target)
     label = _label(target)
@@ -377,7 +421,10 @@ def _switch_on(cls: type, name: str, obj: Any, modules: tuple[str, ...], qual: s
     from importpatch.load.finder import installed
 
     finder = installed()
-    if finder is not None and any(e.name == name and e.modules for e in finder.entries):
+    started = [e for e in finder.entries if e.name == name and e.modules] if finder else []
+    if started:
+        if catalog.in_place_only(started[0]):  # its package imports the target (the post's way)
+            return "on since interpreter start: applied in place as its target was imported"
         return "on since interpreter start: lands at the definition site"
     if obj is None:
         known = [e for e in catalog.load(config.read()) if e.name == name and e.modules]

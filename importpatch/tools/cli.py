@@ -1250,8 +1250,12 @@ def _cannot_apply_here(warnings: list[str]) -> list[str]:
     except Exception as exc:  # noqa: BLE001 (doctor reports; it does not stop)
         warnings.append(f"could not dry-run the enabled patches: {type(exc).__name__}: {exc}")
         return []
+    from importpatch.discover.catalog import IN_PLACE
+
     out = []
     for p in report.patches:
+        if p.active:  # a patch package that imports its own target: applied in place
+            warnings.extend(f"patch {p.name}: {w}" for w in p.warnings if w.startswith(IN_PLACE))
         if not p.failing:
             continue
         if p.origin == "unknown":
