@@ -13,6 +13,8 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
   (EngineCore, Worker)
 - patches/fields.py + mypkg/ (writing-patches): python -c (a child)
 - test_my_priority.py (patch-files, the pytest plugin): pytest (a child), and its own child
+- patches/per_request_banned_tokens.py + per_request.py (triton.md, a SamplingParams field): its
+  script under a multiprocess LLM(), in tests/test_vllm_compile_cache.py
 - blog-migration.diff (migration): the post's package migrated by it runs in tests/test_compat.py
   (a venv with the wheel) and tests/test_vllm_compat.py (under LLM())
 """
@@ -35,6 +37,9 @@ GENERATE = ROOT / "demo" / "generate.py"
 # one of the runs below (test_every_example_patch_is_run_here checks the list is complete).
 IN_LLM = ["hello-sampler", "my-priority", "my-engine-start", "my-kv-specs", "my-page-size"]
 IN_CHILD = ["my-fields"]
+# Run by a test of its own, through the script its page shows (docs/triton.md):
+# tests/test_vllm_compile_cache.py::test_a_samplingparams_field_reaches_the_workers_sampler_...
+ELSEWHERE = ["per-request-banned-tokens"]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 PATCH_CODE = re.compile(r"\bPatch\(|@patch\.|\bpatch\.(?:field|replace|wrap|add|subclass)\(")
 KVCACHE_SPACE_GIB = 1
@@ -84,7 +89,7 @@ def test_migration_guide_shows_the_migration_the_blog_package_tests_apply() -> N
 def test_every_example_patch_is_run_here() -> None:
     declared = {m.group(1) for p in PATCHES.glob("*.py")
                 for m in re.finditer(r'Patch\(\s*"([^"]+)"', p.read_text())}
-    assert declared == set(IN_LLM + IN_CHILD)
+    assert declared == set(IN_LLM + IN_CHILD + ELSEWHERE)
 
 
 # -- The examples on real vLLM ---------------------------------------------------------------------
