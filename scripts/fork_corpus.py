@@ -11,10 +11,18 @@ git's pick and after ``git apply`` of from-git's carried patches, one by one, mu
 text (new modules included). Exit status 1 also when they differ.
 
     python scripts/fork_corpus.py [MIRROR] --release v0.16.0 --main main --count 25 [--json]
+    python scripts/fork_corpus.py MIRROR --release v0.4.3 --main moe_final --start 200fbea19 \
+        --count 54 [--follow-merges] [--json]             # a fork's own commits after --start
     python scripts/fork_corpus.py --synthetic [--json]     # a generated history, no mirror
 
-MIRROR defaults to $IMPORTPATCH_VLLM_MIRROR (``fetch github:jinhuang12/vllm`` brings a vLLM
-fork whose branch v0.16.0 is vLLM's release branch). Exit status 1 when from-git is clean on a
+``--start REV`` takes the commits after REV (a fork's own commits, whatever the release) instead
+of those after the branch point of ``--release`` and ``--main``; ``--follow-merges`` takes the
+range's non-merge commits in from-git's order (a fork whose own work comes in merged pull-request
+branches) instead of the first-parent line, which must then end at a commit whose non-merge
+ancestors in the range are exactly the first COUNT. MIRROR defaults to
+$IMPORTPATCH_VLLM_MIRROR (``fetch github:jinhuang12/vllm`` brings a vLLM fork whose branch
+v0.16.0 is vLLM's release branch; ``fetch github:ROCm/vllm`` ROCm's fork, measured in
+docs/notes/from-git.md). Exit status 1 when from-git is clean on a
 commit whose Python files git cannot pick.
 """
 
@@ -122,7 +130,8 @@ def stand_in_missing_blobs(clone: str, revs: list[str]) -> int:
     return len(missing)
 
 
-def measure(mirror: str, release: str, main: str, count: int, package: str) -> dict[str, Any]:
+def measure(mirror: str, release: str, main: str, count: int, package: str,
+            start: str | None = None, follow: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fork-corpus-") as tmp:
         clone = os.path.join(tmp, "clone")
         git(tmp, "clone", "-q", "--shared", "--bare", mirror, clone)
@@ -132,11 +141,22 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
         tip = git(clone, "rev-parse", f"origin/{main}" if git(
             clone, "rev-parse", "--verify", "-q", f"origin/{main}", check=False
         ).returncode == 0 else main).stdout.strip()
-        point = git(clone, "merge-base", rel, tip).stdout.strip()
-        line = git(clone, "rev-list", "--reverse", "--first-parent", f"{point}..{tip}"
-                   ).stdout.split()[:count]
+        point = git(clone, "rev-parse", f"{start}^{{commit}}").stdout.strip() if start else \
+            git(clone, "merge-base", rel, tip).stdout.strip()
+        if follow:  # the range's commits as from-git takes them: merges left out, topo order
+            line = git(clone, "rev-list", "--reverse", "--topo-order", "--no-merges",
+                       f"{point}..{tip}").stdout.split()[:count]
+        else:
+            line = git(clone, "rev-list", "--reverse", "--first-parent", f"{point}..{tip}"
+                       ).stdout.split()[:count]
         # The fork: the commits, replayed on the branch point as a branch of their own.
         git(clone, "branch", "-f", "fork", line[-1])
+        # from-git on point..X takes every non-merge commit X reaches: the run must end at X.
+        if follow and git(clone, "rev-list", "--reverse", "--topo-order", "--no-merges",
+                          f"{point}..{line[-1]}").stdout.split() != line:
+            raise SystemExit(f"the first {count} commits after {start} are not all the "
+                             f"commits {line[-1][:12]} reaches: choose --count or --main so "
+                             "that the run ends at a commit of it")
         # The release as installed: its package files, with a version.
         tree = os.path.join(tmp, "release")
         os.makedirs(tree)
@@ -186,6 +206,7 @@ def measure(mirror: str, release: str, main: str, count: int, package: str) -> d
             rows.append({"commit": sha[:12], "subject": git(clone, "log", "-1", "--format=%s",
                                                             sha).stdout.strip()[:60],
                          "importpatch": ours, "git": g, "git_python_conflict": py_conflict,
+                         "git_unmerged": unmerged,
                          "same_text": same, "apply_error": applied_ours,
                          "new_modules": sorted(f.path for f in p.files
                                                if f.detail.startswith("a new module"))
@@ -226,8 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("mirror", nargs="?", default=os.environ.get("IMPORTPATCH_VLLM_MIRROR"))
     ap.add_argument("--release", default="v0.16.0", help="the release branch or tag")
-    ap.add_argument("--main", default="main")
+    ap.add_argument("--main", default="main", help="the branch holding the fork's commits")
+    ap.add_argument("--start", help="the commit the fork's commits follow (default: the "
+                    "merge-base of --release and --main)")
     ap.add_argument("--count", type=int, default=25)
+    ap.add_argument("--follow-merges", action="store_true",
+                    help="the commits are the range's non-merge commits in from-git's order "
+                    "(topological; the side branches of merges included), not the first-parent "
+                    "line")
     ap.add_argument("--package", default="vllm")
     ap.add_argument("--synthetic", action="store_true")
     ap.add_argument("--json", action="store_true")
@@ -239,12 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.mirror:
             ap.error("no MIRROR and IMPORTPATCH_VLLM_MIRROR is not set")
-        data = measure(args.mirror, args.release, args.main, args.count, args.package)
+        data = measure(args.mirror, args.release, args.main, args.count, args.package,
+                       args.start, args.follow_merges)
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        print(f"{data['commits']} commits after {data['branch_point']} (branch point of "
-              f"{data['release']}), carried onto {data['release']}")
+        print(f"{data['commits']} commits after {data['branch_point']}, carried onto "
+              f"{data['release']}")
         print(f"{'commit':12}  {'importpatch':11}  {'cherry-pick':11}  subject")
         for r in data["rows"]:
             print(f"{r['commit']:12}  {r['importpatch']:11}  {r['git']:11}  {r['subject']}")

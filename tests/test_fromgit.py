@@ -603,3 +603,49 @@ def test_from_git_carries_new_modules_in_commit_order(
     assert [(f["path"], [h["status"] for h in f["hunks"]]) for f in rebased["files"]][1] == (
         "tpkg/helper.py", ["upstream"])
     assert "tpkg/helper.py" not in rebased["diff"] and "tpkg/sub/newpkg/mod.py" in rebased["diff"]
+
+
+def test_a_renamed_module_is_carried_under_its_new_name(tmp_path: Path, env: dict[str, str]
+                                                        ) -> None:
+    """A fork commit renames a module and imports it by the new name (ROCm's db65e588e renames
+    ``morflot_llm.py`` to ``fast_sync_llm.py`` and ``vllm/__init__.py`` imports it): the new
+    name is a module the patch adds, so the carried patch imports what it adds; the old module
+    stays (a patch cannot delete one), and the report says so."""
+    repo = tmp_path / "renaming"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    old = "def go():\n    return 'old'\n" + CORE
+    commit(repo, "release 1.0", {"pkg/__init__.py": "", "pkg/a.py": CORE})
+    git(repo, "tag", "v1.0")
+    commit(repo, "Add the engine", {"pkg/engine.py": old,
+                                    "pkg/a.py": ("x + 3\n", "x + 3  # engine\n")})
+    git(repo, "mv", "pkg/engine.py", "pkg/fast_engine.py")
+    commit(repo, "Rename the engine", {"pkg/fast_engine.py": old.replace("'old'", "'fast'"),
+                                       "pkg/__init__.py": "from pkg.fast_engine import go\n"})
+    target = tmp_path / "target"
+    (target / "pkg").mkdir(parents=True)
+    (target / "pkg" / "__init__.py").write_text("")
+    (target / "pkg" / "a.py").write_text("# newer\n" + CORE)
+    out = tmp_path / "out"
+    out.mkdir()
+    report = json.loads(run_cli("from-git", str(repo), "v1.0..HEAD", "--to", str(target),
+                                "--package", "pkg", "--name", "ren", "--out", str(out),
+                                "--json", env=env).stdout)
+    assert statuses(report) == [("ren-0001-add-the-engine", "carried"),
+                                ("ren-0002-rename-the-engine", "carried")]
+    second = report["patches"][1]
+    assert second["not_carried"] == {
+        "pkg/engine.py": "renamed to pkg/fast_engine.py: the old module stays (a patch cannot "
+                         "delete a module)"}
+    assert [(f["path"], f["detail"]) for f in second["files"]] == [
+        ("pkg/__init__.py", ""), ("pkg/fast_engine.py", "a new module")]
+    # git applies the chain to the target: the renamed module as the fork has it, imported.
+    git(target, "init", "-q")
+    for p in report["patches"]:
+        git(target, "apply", p["out"])
+    assert (target / "pkg" / "fast_engine.py").read_text() == (
+        repo / "pkg" / "fast_engine.py").read_text()
+    ran = subprocess.run([sys.executable, "-c", "import pkg; print(pkg.go())"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(target)})
+    assert ran.stdout.strip() == "fast", ran.stderr

