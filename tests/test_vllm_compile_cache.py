@@ -193,12 +193,23 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
     # status, over the events of the run that turned the wrap on: the key, in the process that
     # compiled (the spawned Worker)
     events = runs["wrap"]["events_dir"]
-    proc = subprocess.run([sys.executable, "-m", "importpatch", "status", "--events-dir",
-                           str(events)], env=clean_env(), capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    key_lines = [x for x in proc.stdout.splitlines() if "compile cache key" in x]
-    assert key_lines and all("layer-scale=" in x for x in key_lines), proc.stdout
+
+    def status(*flags: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "importpatch", "status", *flags,
+                               "--events-dir", str(events)], env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def walk(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [p for proc in procs for p in (proc, *walk(proc["children"]))]
+
+    keyed = [p for p in walk(json.loads(status("--json"))["processes"])
+             if any(e["how"] == "compile-cache-key" for e in p["events"])]
+    assert [p["process"] for p in keyed] == ["VllmWorker-0"], keyed  # where the model compiled
+    (key,) = [e["detail"] for e in keyed[0]["events"] if e["how"] == "compile-cache-key"]
+    assert key.startswith("compile cache key ") and "layer-scale=" in key, key
+    assert key.split(":")[0] in " ".join(status().split())  # the text output shows it too
 
 
 def test_a_samplingparams_field_reaches_the_workers_sampler_per_request(

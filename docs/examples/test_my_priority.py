@@ -8,4 +8,4 @@ def test_runs(importpatch_run):                # a real fresh interpreter
     r = importpatch_run("import vllm.v1.engine.core as c\nresult = c.HANDSHAKE_TIMEOUT_MINS",
                         enable=["my-priority"])
     assert r.returncode == 0 and r.result == 10
-    assert {e["patch"] for e in r.applied} == {"my-priority"}
+    assert "my-priority" in {e["patch"] for e in r.applied}  # (and the ones on by default)

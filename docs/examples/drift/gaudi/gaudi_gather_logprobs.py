@@ -1,5 +1,10 @@
 """vllm-gaudi's copy of Sampler.gather_logprobs (written against vLLM 0.22.0): the whole method,
-to delete the two torch._dynamo mark_unbacked lines HPU graphs do not support."""
+to delete the two torch._dynamo mark_unbacked lines HPU graphs do not support.
+
+The copy as it stands in vllm-gaudi's own module, whose imports (torch, LogprobsTensors,
+batched_count_greater_than) are not repeated here: docs/notes/drift.md pins, checks and converts
+it, which reads it and never calls it."""
+# ruff: noqa: F821
 from __future__ import annotations
 
 from importpatch import Patch
