@@ -56,7 +56,7 @@ def test_priority_scheduler_lands_on_the_class_before_subclasses_exist(importpat
     )
     assert r.returncode == 0, r.stderr
     assert r.result == {"added": True, "wrapped": "Scheduler.schedule", "subclass_sees_it": True}
-    assert {e["target"] for e in r.applied} == {
+    assert {e["target"] for e in r.applied if e["patch"] == "vllm-priority-scheduler"} == {
         "vllm.v1.core.sched.scheduler:Scheduler.schedule",
         "vllm.v1.core.sched.scheduler:Scheduler.order_waiting_by_priority",
     }

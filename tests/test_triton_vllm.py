@@ -104,7 +104,9 @@ def compute():
         "pid": os.getpid(),
         "has_triton": HAS_TRITON,
         "kernel_type": type(tua.kernel_unified_attention).__name__,
-        "applied": sorted({e["patch"] for e in importpatch.applied() if e["outcome"] == "applied"}),
+        # (vllm-compile-cache-key, on by default where vLLM is, applies in every vLLM process)
+        "applied": sorted({e["patch"] for e in importpatch.applied() if e["outcome"] == "applied"}
+                          - {"vllm-compile-cache-key"}),
     }
     kernel = getattr(tua.kernel_unified_attention, "fn", None)
     if kernel is not None:
