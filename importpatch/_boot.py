@@ -321,7 +321,7 @@ def activate(
         from importpatch.install.late import apply_to_imported
 
         installed.check_imported_tops(strict=toggles.strict)
-        apply_to_imported(installed)
+        apply_to_imported(installed.by_module)
     return installed
 
 
@@ -451,10 +451,12 @@ def toggles_key(environ: Mapping[str, str] | None = None) -> tuple[str | None, .
 
 def api_entries() -> list[Entry]:
     """Patches made with ``Patch(...)`` in this process (not from a patch file)."""
+    declare = sys.modules.get("importpatch.discover.declare")
+    if declare is None:  # no Patch(...) was ever made here (at start: always): import nothing
+        return []
     from importpatch.discover.catalog import Entry
-    from importpatch.discover.declare import iter_registry
 
-    return [Entry.from_patch(p, "api", p.source, None) for p in iter_registry()]
+    return [Entry.from_patch(p, "api", p.source, None) for p in declare.iter_registry()]
 
 
 def stamp_path(root: str, site_key: tuple[int, int, int], path_len: int) -> str:

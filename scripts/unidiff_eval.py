@@ -1,5 +1,5 @@
-"""Would ``unidiff`` (PyPI) do as the parser of importpatch.rewrite.diffs? The cases it must get
-right, and the speed, side by side with importpatch's own parser.
+"""Would ``unidiff`` (PyPI) do as the parser of importpatch.discover.diffparse? The cases it must
+get right, and the speed, side by side with importpatch's own parser.
 
     python -m pip install unidiff
     python scripts/unidiff_eval.py [MIRROR]     # MIRROR: vLLM history for the speed/agreement run
@@ -7,7 +7,7 @@ right, and the speed, side by side with importpatch's own parser.
 Each case prints what importpatch and unidiff make of it; the corpus run parses every case diff
 of vllm_history.cases (k=5, 400 cases) with both, compares the old and new sides they recover
 (line texts, final-newline flags) and times both (best of 5). Conclusions are in the report of
-issue 13 and a comment at the top of importpatch/rewrite/diffs.py's parsing section.
+issue 13 and a comment at the top of importpatch/discover/diffparse.py's parsing section.
 """
 
 from __future__ import annotations

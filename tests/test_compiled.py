@@ -238,7 +238,7 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def compiled_lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("compiled")
     (root / "pkg" / "ctk").mkdir(parents=True)
     (root / "pkg" / "ctk" / "__init__.py").write_text("")
@@ -251,14 +251,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-def test_every_kind_of_patch_is_the_same_compiled_as_eager(lab: Path, backend: str) -> None:
+def test_every_kind_of_patch_is_the_same_compiled_as_eager(
+    compiled_lab: Path, backend: str
+) -> None:
     env = clean_env({
-        "PYTHONPATH": str(lab / "pkg"), "IMPORTPATCH_PATH": str(lab / "patches"),
-        "IMPORTPATCH_ENABLE": "compiled", "IMPORTPATCH_CACHE_DIR": str(lab / "cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(lab / f"inductor-{backend}"),
+        "PYTHONPATH": str(compiled_lab / "pkg"), "IMPORTPATCH_PATH": str(compiled_lab / "patches"),
+        "IMPORTPATCH_ENABLE": "compiled", "IMPORTPATCH_CACHE_DIR": str(compiled_lab / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(compiled_lab / f"inductor-{backend}"),
     })
-    proc = subprocess.run([sys.executable, str(lab / "child.py"), backend], env=env,
-                          capture_output=True, text=True, timeout=900, cwd=lab)
+    proc = subprocess.run([sys.executable, str(compiled_lab / "child.py"), backend], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=compiled_lab)
     assert proc.returncode == 0, proc.stderr[-6000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
@@ -280,22 +282,23 @@ print("RESULT " + json.dumps({"y": y.tolist(), "fx": dict(counters["inductor"]),
 '''
 
 
-def test_inductors_own_caches_are_keyed_on_the_patched_graph(lab: Path) -> None:
+def test_inductors_own_caches_are_keyed_on_the_patched_graph(compiled_lab: Path) -> None:
     """torch's Inductor FX-graph cache and AOTAutograd cache (one TORCHINDUCTOR_CACHE_DIR through
     patch off, on, off, on) are keyed on the traced graph: a patched function's graph is another
     entry, never the unpatched one's (docs/triton.md, compile caches)."""
-    (lab / "cached_child.py").write_text(CACHED_CHILD)
-    shared = lab / "inductor-shared"
+    (compiled_lab / "cached_child.py").write_text(CACHED_CHILD)
+    shared = compiled_lab / "inductor-shared"
     runs = []
     for enable in ("", "compiled", "", "compiled"):
         env = clean_env({
-            "PYTHONPATH": str(lab / "pkg"), "IMPORTPATCH_PATH": str(lab / "patches"),
-            "IMPORTPATCH_ENABLE": enable, "IMPORTPATCH_CACHE_DIR": str(lab / "cache"),
+            "PYTHONPATH": str(compiled_lab / "pkg"),
+            "IMPORTPATCH_PATH": str(compiled_lab / "patches"),
+            "IMPORTPATCH_ENABLE": enable, "IMPORTPATCH_CACHE_DIR": str(compiled_lab / "cache"),
             "TORCHINDUCTOR_CACHE_DIR": str(shared), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
         })
-        proc = subprocess.run([sys.executable, str(lab / "cached_child.py")], env=env,
-                              capture_output=True, text=True, timeout=900, cwd=lab)
+        proc = subprocess.run([sys.executable, str(compiled_lab / "cached_child.py")], env=env,
+                              capture_output=True, text=True, timeout=900, cwd=compiled_lab)
         assert proc.returncode == 0, proc.stderr[-6000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
         runs.append(json.loads(line[len("RESULT "):]))

@@ -13,7 +13,7 @@ import pytest
 from conftest import Venv, clean_env
 from coreutil import COMPILE_SPY, Lab
 
-from importpatch.install.activation import HOOKS
+from importpatch.rewrite.facts import HOOKS
 
 MODELS = '''\
 import dataclasses
@@ -345,3 +345,14 @@ def test_field_events_reach_status(lab: Lab) -> None:
                           env=clean_env(), check=True)
     status = json.loads(proc.stdout)
     assert status["patches"]["fields"]["applied"] == 7
+
+
+def test_the_hooks_address_the_compiled_code_carries_is_the_activation_module() -> None:
+    """The rewrite names the run-time hooks by a string (rewrite/facts.py) so that it never
+    imports the stage after it; the string must still reach importpatch.install.activation,
+    whose ``begin``/``land``/``value``/``done`` the compiled code calls."""
+    import importpatch.install.activation as activation
+
+    hooks = eval(HOOKS)  # noqa: S307 - our own constant, as the compiled code evaluates it
+    assert hooks is activation
+    assert all(callable(getattr(hooks, f)) for f in ("begin", "land", "value", "done"))

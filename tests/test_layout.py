@@ -6,7 +6,12 @@
   ``from importpatch import x`` counts as an edge to it, or to the submodule ``x`` when it is one);
   imports under ``if TYPE_CHECKING:`` never run and do not count;
 - the code that runs inside every patched process never imports a command-line tool (``TOOLS``;
-  ``__main__``, the entry of ``python -m importpatch``, is the command line too).
+  ``__main__``, the entry of ``python -m importpatch``, is the command line too);
+- the stage folders only look back (issue 30): a module in a stage folder imports only its own
+  folder, the folders before it in ``STAGES`` and the shared basics; the shared basics (the
+  top-level modules but the entry points, ``ENTRIES``) import no stage folder. Here imports under
+  ``if TYPE_CHECKING:`` count too: an annotation that names a later stage is an arrow up the
+  drawing all the same (docs/how-it-works.md, "Who may import whom").
 
 An AST walk over ``importpatch/`` (its subfolders included), so no module is imported here; on
 the code before issue 22 it printed four tangles: bindings <-> fields, objects <-> wrappers,
@@ -28,6 +33,15 @@ TOOLS = [
     "cli", "check", "packages", "sideeffects", "authoring", "rebase", "capture", "releases",
     "fromgit", "pytest_plugin", "pinning",
 ]
+
+
+# The stage folders in the order they may use each other: each imports only those before it.
+# "start" is the top-level start-up (START), which the integrations and tools call (enable()).
+STAGES = ["discover", "rewrite", "install", "load", "start", "integrations", "tools"]
+START = {"_pth", "_boot", "_declared"}
+# Top-level modules that expose the stages under public names (they may import any stage);
+# every other top-level module is a shared basic, below all the stages.
+ENTRIES = {"importpatch", "__main__", "compat", "pytest_plugin"}
 
 
 def _module_name(path: Path) -> str:
@@ -52,11 +66,13 @@ def _resolve(target: str, modules: dict[str, Path]) -> str | None:
     return target or None
 
 
-def _edges(name: str, modules: dict[str, Path]) -> set[str]:
+def _edges(name: str, modules: dict[str, Path], *, annotations: bool = False) -> set[str]:
+    """The modules of the package that ``name`` imports; ``annotations``: those imported under
+    ``if TYPE_CHECKING:`` too."""
     tree = ast.parse(modules[name].read_text(encoding="utf-8"))
     package = name if _is_package(name, modules) else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in _walk(tree):
+    for node in ast.walk(tree) if annotations else _walk(tree):
         if isinstance(node, ast.Import):
             bases = [alias.name for alias in node.names]
             for base in bases:
@@ -106,6 +122,51 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     assert "importpatch" in modules and len(modules) > 20, sorted(modules)
     return {name: _edges(name, modules) for name in modules}
+
+
+@functools.cache
+def _graph_with_annotations() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _edges(name, modules, annotations=True) for name in modules}
+
+
+def _folder(name: str) -> str:
+    """A module's stage folder (``"start"`` for the start-up), ``"entry"`` for a public entry
+    point, ``"basics"`` for the other top-level modules."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[1] in STAGES:
+        return parts[1]
+    if parts[-1] in START:
+        return "start"
+    return "entry" if parts[-1] in ENTRIES else "basics"
+
+
+def _backward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that does not look back: a stage module importing a later stage, or a
+    shared basic importing any stage."""
+    rank = {stage: i for i, stage in enumerate(STAGES)}
+    bad = []
+    for name, targets in sorted(graph.items()):
+        here = _folder(name)
+        for target in sorted(targets):
+            there = _folder(target)
+            if there not in rank or here == "entry":
+                continue
+            if here == "basics" or rank[there] > rank[here]:
+                bad.append(f"{name} ({here}) -> {target} ({there})")
+    return bad
+
+
+def _folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        here = _folder(name)
+        folders.setdefault(here, set())
+        folders[here] |= {_folder(t) for t in targets} - {here}
+    for targets in list(folders.values()):
+        for t in targets:
+            folders.setdefault(t, set())
+    return folders
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[str]:
@@ -190,6 +251,38 @@ def test_graph_sees_function_local_and_relative_imports() -> None:
 def test_no_import_cycles() -> None:
     cycles = _cycles(_graph())
     assert not cycles, "import cycles (one per tangle):\n" + "\n".join(cycles)
+
+
+def test_the_stage_rule_sees_an_import_up_the_stages() -> None:
+    """The rule itself, on made-up graphs: an arrow up is reported, one down is not, an entry
+    point may import anything, and a shared basic imports no stage."""
+    assert _backward({"importpatch.discover.a": {"importpatch.load.b"}}) == [
+        "importpatch.discover.a (discover) -> importpatch.load.b (load)"]
+    assert _backward({"importpatch.load.b": {"importpatch.discover.a"}}) == []
+    assert _backward({"importpatch.compat": {"importpatch.tools.cli"}}) == []
+    assert _backward({"importpatch._boot": {"importpatch.tools.cli"}}) == [
+        "importpatch._boot (start) -> importpatch.tools.cli (tools)"]
+    assert _backward({"importpatch.events": {"importpatch.rewrite.facts"}}) == [
+        "importpatch.events (basics) -> importpatch.rewrite.facts (rewrite)"]
+    # An annotation-only import is an edge of the annotated graph, not of the run-time one:
+    # install/activation names discover/declare's Op only under TYPE_CHECKING.
+    late = _named(_graph(), "late")
+    assert _named(_graph(), "declare") in _graph_with_annotations()[late]
+    assert set(STAGES) <= {_folder(n) for n in _graph()}, "a stage folder is gone or renamed"
+
+
+def test_stage_folders_only_look_back() -> None:
+    bad = _backward(_graph_with_annotations())
+    assert not bad, (
+        "imports that do not look back (a stage imports only stages before it in STAGES and the "
+        "shared basics; move what both need below them):\n" + "\n".join(bad))
+
+
+def test_no_cycle_between_folders() -> None:
+    folders = _folder_graph(_graph_with_annotations())
+    assert {"basics", "entry", *STAGES} <= set(folders), sorted(folders)
+    cycles = _cycles(folders)
+    assert not cycles, "folder-level import cycles:\n" + "\n".join(cycles)
 
 
 def test_runtime_never_imports_the_tools() -> None:

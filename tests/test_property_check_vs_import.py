@@ -145,7 +145,7 @@ _examples = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def lab(wheel_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Lab:
+def check_lab(wheel_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Lab:
     return Lab(wheel_venv, tmp_path_factory.mktemp("checkprop"))
 
 
@@ -154,7 +154,7 @@ def lab(wheel_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Lab:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(case(), min_size=30, max_size=30))
 def test_property_check_verdict_matches_the_real_import(
-    lab: Lab, cases: list[tuple[str, str, str]]
+    check_lab: Lab, cases: list[tuple[str, str, str]]
 ) -> None:
     pkg = f"gm{next(_examples)}"
     files: dict[str, str] = {f"{pkg}/__init__.py": ""}
@@ -168,12 +168,12 @@ def test_property_check_verdict_matches_the_real_import(
             patch = Patch(f"{pkg}-{i}")
             getattr(patch, kind)(f"{pkg}.mod{i}:{qual}", value)
             patches.append(patch)
-    lab.target(files).patch({f"{pkg}.py": "\n".join(decls) + "\n"})
-    checker = check._Checker(packages.FolderSource(str(lab.targets)))
+    check_lab.target(files).patch({f"{pkg}.py": "\n".join(decls) + "\n"})
+    checker = check._Checker(packages.FolderSource(str(check_lab.targets)))
     verdicts = [checker.op(p.ops[0]) for p in patches]
     code = (f"PKG = {pkg!r}\nBASE = {BASE}\n"
             f"CASES = {json.dumps([[q, k] for _, q, k in cases])}\n" + CHILD)
-    proc = lab.ok(["-c", code], enable=",".join(p.name for p in patches))
+    proc = check_lab.ok(["-c", code], enable=",".join(p.name for p in patches))
     truths = json.loads(proc.stdout.strip().splitlines()[-1])
     for (source, qual, kind), verdict, ((owner_ok, bound), imported) in zip(
         cases, verdicts, truths, strict=True

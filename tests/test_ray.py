@@ -216,11 +216,11 @@ class RayLab:
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[RayLab]:
+def ray_lab(tmp_path: Path) -> Iterator[RayLab]:
     need("ray", reason="needs ray (tox -e vllm installs it)")
-    lab = RayLab(tmp_path)
-    yield lab
-    shutil.rmtree(lab.ray_tmp, ignore_errors=True)
+    ray_lab = RayLab(tmp_path)
+    yield ray_lab
+    shutil.rmtree(ray_lab.ray_tmp, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ Ray, no vLLM
@@ -240,12 +240,14 @@ def test_ray_node_is_read_from_a_ray_workers_argv_only() -> None:
 
 
 @pytest.mark.ray
-def test_ray_task_and_actor_run_patched_code_when_toggles_come_in_runtime_env(lab: RayLab) -> None:
+def test_ray_task_and_actor_run_patched_code_when_toggles_come_in_runtime_env(
+    ray_lab: RayLab,
+) -> None:
     # The driver has no IMPORTPATCH_* variable; a task's and an actor's runtime_env carry them, so
     # Ray starts their worker processes with them and the .pth installs the finder at start.
-    env_vars = {**lab.toggles(), "PYTHONPATH": str(lab.targets)}
-    out = lab.driver(f'''
-        {lab.init()}
+    env_vars = {**ray_lab.toggles(), "PYTHONPATH": str(ray_lab.targets)}
+    out = ray_lab.driver(f'''
+        {ray_lab.init()}
         try:
             @ray.remote
             def task():
@@ -268,7 +270,7 @@ def test_ray_task_and_actor_run_patched_code_when_toggles_come_in_runtime_env(la
             ray.shutdown()
         ''')
     assert out["driver_finders"] == []
-    events = read_events(lab.events)
+    events = read_events(ray_lab.events)
     for who in ("task", "actor"):
         got = out[who]
         assert got["pid"] != out["driver"]
@@ -280,16 +282,16 @@ def test_ray_task_and_actor_run_patched_code_when_toggles_come_in_runtime_env(la
 
 
 @pytest.mark.ray
-def test_ray_sends_patched_objects_by_reference_to_the_target(lab: RayLab) -> None:
+def test_ray_sends_patched_objects_by_reference_to_the_target(ray_lab: RayLab) -> None:
     """Issue 12, item 1: the driver's patched objects — a replaced function as a remote function
     and as an argument, a wrapped method bound to an instance — travel with cloudpickle by
     reference to the target, and the worker runs *its own* patched objects. (Before: the wrapped
     method could not be pickled at all, ``object proxy must define __reduce__()``, and the
     replacement was sent by the name of its patch file, which no other process can import.)"""
-    out = lab.driver(f'''
+    out = ray_lab.driver(f'''
         import cloudpickle
         import rpk.m
-        {lab.init()}
+        {ray_lab.init()}
         try:
             def run_them(objects):
                 import rpk.m
@@ -305,7 +307,7 @@ def test_ray_sends_patched_objects_by_reference_to_the_target(lab: RayLab) -> No
                                  b"rpk.m" in cloudpickle.dumps(o) for o in sent]}})
         finally:
             ray.shutdown()
-        ''', env={**lab.toggles(), "PYTHONPATH": str(lab.targets)})
+        ''', env={**ray_lab.toggles(), "PYTHONPATH": str(ray_lab.targets)})
     assert out["by_name"] == [True, True]
     task = out["task"]
     assert task["pid"] != out["driver"]
@@ -314,13 +316,13 @@ def test_ray_sends_patched_objects_by_reference_to_the_target(lab: RayLab) -> No
 
 
 @pytest.mark.ray
-def test_ray_task_and_actor_patch_in_place_when_toggles_arrive_after_start(lab: RayLab) -> None:
+def test_ray_task_and_actor_patch_in_place_when_toggles_arrive_after_start(ray_lab: RayLab) -> None:
     # The vLLM way: the worker process starts without the toggles (only PYTHONPATH, job-wide),
     # imports the targets, then gets the variables set in os.environ (vLLM: by RPC,
     # update_environment_variables) and loads the plugins (vLLM: init_worker).
-    toggles = lab.toggles()
-    out = lab.driver(f'''
-        {lab.init({"env_vars": {"PYTHONPATH": str(lab.targets)}})}
+    toggles = ray_lab.toggles()
+    out = ray_lab.driver(f'''
+        {ray_lab.init({"env_vars": {"PYTHONPATH": str(ray_lab.targets)}})}
         try:
             def events():
                 import importpatch.events
@@ -374,17 +376,17 @@ def test_ray_task_and_actor_patch_in_place_when_toggles_arrive_after_start(lab: 
                         ("rpk.m:f", "in-place")]
         assert any("re-bound" in e["detail"] for e in got["events"]), got["events"]
         # The events dir arrived with the toggles: the same events are in the shared folder.
-        assert len(applied(read_events(lab.events), after["pid"])) == 3
+        assert len(applied(read_events(ray_lab.events), after["pid"])) == 3
 
 
 @pytest.mark.ray
-def test_ray_actor_keeps_the_nodes_patches_and_adds_the_drivers_late(lab: RayLab) -> None:
+def test_ray_actor_keeps_the_nodes_patches_and_adds_the_drivers_late(ray_lab: RayLab) -> None:
     # The node (here: the actor's runtime_env) turns ray-later on at start; the driver's toggles,
     # set later, name ray-rp too. Loading the plugins adds ray-rp in place and keeps ray-later,
     # which is not applied a second time.
-    at_start = {**lab.toggles("ray-later"), "PYTHONPATH": str(lab.targets)}
-    out = lab.driver(f'''
-        {lab.init()}
+    at_start = {**ray_lab.toggles("ray-later"), "PYTHONPATH": str(ray_lab.targets)}
+    out = ray_lab.driver(f'''
+        {ray_lab.init()}
         try:
             @ray.remote
             class Wrapper:
@@ -414,21 +416,21 @@ def test_ray_actor_keeps_the_nodes_patches_and_adds_the_drivers_late(lab: RayLab
     assert (before["f"], before["later"]) == ("orig", "patched-later")
     assert (after["f"], after["copy"], after["meth"], after["later"]) == (
         "patched", "patched", "wrapped-meth", "patched-later")
-    assert applied(read_events(lab.events), after["pid"]) == [
+    assert applied(read_events(ray_lab.events), after["pid"]) == [
         ("ray-later", "rpk.later:g", "definition-site"),
         ("ray-rp", "rpk.m:K.meth", "in-place"), ("ray-rp", "rpk.m:f", "in-place"),
     ]
 
 
 @pytest.mark.ray
-def test_ray_status_shows_ray_workers_events_beside_the_drivers(lab: RayLab) -> None:
+def test_ray_status_shows_ray_workers_events_beside_the_drivers(ray_lab: RayLab) -> None:
     # The driver runs with the toggles and IMPORTPATCH_EVENTS_DIR in its environment; the local
     # cluster it starts hands that environment to its workers. `importpatch status`, given the
     # folder by the same variable, shows the driver and each Ray worker with its node.
-    env = {**lab.toggles(), "PYTHONPATH": str(lab.targets)}
-    out = lab.driver(f'''
+    env = {**ray_lab.toggles(), "PYTHONPATH": str(ray_lab.targets)}
+    out = ray_lab.driver(f'''
         driver = probe()
-        {lab.init()}
+        {ray_lab.init()}
         try:
             @ray.remote
             def task():
@@ -448,9 +450,9 @@ def test_ray_status_shows_ray_workers_events_beside_the_drivers(lab: RayLab) -> 
     workers = {out["task"]["pid"], out["actor"]["pid"]}
     assert driver not in workers
     assert all(out[w]["f"] == "patched" for w in ("driver", "task", "actor"))
-    status_env = clean_env({"IMPORTPATCH_EVENTS_DIR": str(lab.events)})
+    status_env = clean_env({"IMPORTPATCH_EVENTS_DIR": str(ray_lab.events)})
     text = subprocess.run([sys.executable, "-m", "importpatch", "status"], env=status_env,
-                          capture_output=True, text=True, timeout=60, cwd=lab.root)
+                          capture_output=True, text=True, timeout=60, cwd=ray_lab.root)
     assert text.returncode == 0, text.stderr
     host = socket.gethostname()
     lines = text.stdout.splitlines()
@@ -460,7 +462,7 @@ def test_ray_status_shows_ray_workers_events_beside_the_drivers(lab: RayLab) -> 
                    for x in lines), text.stdout
     assert "ray-rp: applied in" in text.stdout
     js = subprocess.run([sys.executable, "-m", "importpatch", "status", "--json"], env=status_env,
-                        capture_output=True, text=True, timeout=60, cwd=lab.root)
+                        capture_output=True, text=True, timeout=60, cwd=ray_lab.root)
     procs = patched_processes(js.stdout)
     assert set(procs) == {driver, *workers}
     assert procs[driver]["ray_node"] is None
@@ -472,29 +474,29 @@ def test_ray_status_shows_ray_workers_events_beside_the_drivers(lab: RayLab) -> 
 
 
 @pytest.mark.ray
-def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(lab: RayLab) -> None:
+def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(ray_lab: RayLab) -> None:
     # Two Ray nodes on this machine (ray.cluster_utils.Cluster: a second raylet joining the
     # head's GCS, on loopback). Only the second node was started with the toggles in its
     # environment, as a node image would be: its workers run patched code, the head's do not
     # unless a task's runtime_env brings them; `importpatch status` tells the two nodes apart.
-    out = lab.driver(f'''
+    out = ray_lab.driver(f'''
         from ray.cluster_utils import Cluster
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # Cluster writes the head's address under Ray's *default* temp folder whatever
         # temp_dir says; on a fresh machine /tmp/ray does not exist: point it at ours.
-        os.environ["RAY_TMPDIR"] = {str(lab.ray_tmp)!r}
-        os.makedirs(os.path.join({str(lab.ray_tmp)!r}, "ray"), exist_ok=True)
+        os.environ["RAY_TMPDIR"] = {str(ray_lab.ray_tmp)!r}
+        os.makedirs(os.path.join({str(ray_lab.ray_tmp)!r}, "ray"), exist_ok=True)
         cluster = Cluster(initialize_head=True, head_node_args={{
-            "num_cpus": 1, "include_dashboard": False, "temp_dir": {str(lab.ray_tmp)!r}}})
+            "num_cpus": 1, "include_dashboard": False, "temp_dir": {str(ray_lab.ray_tmp)!r}}})
         try:
-            node_env = {lab.toggles()!r}
+            node_env = {ray_lab.toggles()!r}
             os.environ.update(node_env)  # the second node's raylet starts with these
             second = cluster.add_node(num_cpus=1)
             for name in node_env:
                 del os.environ[name]
             ray.init(address=cluster.address, runtime_env={{"env_vars": {{
-                "PYTHONPATH": {str(lab.targets)!r}}}}})
+                "PYTHONPATH": {str(ray_lab.targets)!r}}}}})
 
             @ray.remote
             def task():
@@ -505,7 +507,7 @@ def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(lab: RayLa
                 return ray.get(task.options(scheduling_strategy=strategy, **opts).remote())
 
             head = cluster.head_node.node_id
-            in_runtime_env = {{"env_vars": {{**node_env, "PYTHONPATH": {str(lab.targets)!r}}}}}
+            in_runtime_env = {{"env_vars": {{**node_env, "PYTHONPATH": {str(ray_lab.targets)!r}}}}}
             result({{"head": on(head), "head_rt": on(head, runtime_env=in_runtime_env),
                      "second": on(second.node_id), "second_id": second.node_id, "head_id": head}})
         finally:
@@ -519,7 +521,8 @@ def test_ray_two_nodes_worker_gets_toggles_from_its_nodes_environment(lab: RayLa
     for got in (head_rt, second):  # toggles from runtime_env / from the second node
         assert (got["f"], got["copy"], got["meth"]) == ("patched", "patched", "wrapped-meth")
     status = subprocess.run(
-        [sys.executable, "-m", "importpatch", "status", "--json", "--events-dir", str(lab.events)],
+        [sys.executable, "-m", "importpatch", "status", "--json", "--events-dir",
+         str(ray_lab.events)],
         env=clean_env(), capture_output=True, text=True, timeout=60,
     )
     procs = patched_processes(status.stdout)

@@ -4,6 +4,7 @@ child processes; every test here failed on the code before this work."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -453,6 +454,19 @@ def test_a_start_with_patches_enabled_loads_no_heavy_standard_library_module(lab
     lab.ok(code, enable="light,light-diff")  # the first process writes the index
     warm = lab.ok(code, enable="light,light-diff")
     assert warm.stdout.split(None, 1) == ["True", "[]\n"], warm.stdout + warm.stderr
+    # Nor importpatch's own machinery for a target's import (issue 30): declarations, selection,
+    # the rewrite, activation, the compiled cache, strict mode load when a target is imported.
+    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('importpatch')))"
+    ours = lab.ok(probe, enable="light,light-diff").stdout
+    loaded = set(ast.literal_eval(ours.strip()))
+    assert "importpatch.load.finder" in loaded, loaded  # the hook did start
+    stages = ("importpatch.rewrite", "importpatch.install", "importpatch.tools",
+              "importpatch.integrations")
+    at_target = {m for m in loaded if m.startswith(stages)}
+    at_target |= loaded & {"importpatch.discover.declare", "importpatch.discover.selection",
+                           "importpatch.discover.diffparse", "importpatch.load.bytecache",
+                           "importpatch.load.lookup", "importpatch.strict", "importpatch.errors"}
+    assert not at_target, f"loaded at start though no target was imported: {sorted(at_target)}"
     assert lab.ok(READ, enable="light,light-diff").stdout.strip() == "patched"
 
 
@@ -833,8 +847,8 @@ def lazy_venv(venv_factory: Callable[..., Venv], built_wheel: Path) -> Venv:
 # Modules of importpatch that a healthy enabled start does not load: each is imported lazily, on
 # the way to a targeted import (the finder's look-up, the loader, the compiled code's hooks, the
 # error and its version).
-LAZY = ["load/lookup.py", "load/bytecache.py", "load/selection.py", "install/activation.py",
-        "rewrite/bindings.py", "errors.py", "versions.py"]
+LAZY = ["load/lookup.py", "load/bytecache.py", "discover/selection.py", "install/activation.py",
+        "rewrite/facts.py", "rewrite/bindings.py", "errors.py", "versions.py"]
 
 
 @pytest.mark.parametrize("module", LAZY)

@@ -292,14 +292,14 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+def triton_lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     return Lab(tmp_path_factory.mktemp("triton-lab"))
 
 
 @pytest.fixture(scope="module")
-def unpatched_jit(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def unpatched_jit(triton_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The kernels as Triton sees them without any patch (no interpreter)."""
-    report = lab.run(tmp_path_factory.mktemp("cache"))
+    report = triton_lab.run(tmp_path_factory.mktemp("cache"))
     assert report["kernels"]["scale_kernel"]["type"] == "JITFunction"
     return report
 
@@ -320,10 +320,10 @@ def scaled(report: dict[str, Any], dtype: str) -> list[float]:
 
 
 def test_diff_to_kernel_changes_what_it_computes_here_and_in_spawned_child(
-    lab: Lab, tmp_path: Path
+    triton_lab: Lab, tmp_path: Path
 ) -> None:
-    original = lab.run(tmp_path / "c0", interpret=True)
-    report = lab.run(tmp_path / "c1", "spawn", enable="triple", interpret=True)
+    original = triton_lab.run(tmp_path / "c0", interpret=True)
+    report = triton_lab.run(tmp_path / "c1", "spawn", enable="triple", interpret=True)
 
     xs = list(range(-4, 6))
     for dtype in ("float32", "float16"):
@@ -340,13 +340,13 @@ def test_diff_to_kernel_changes_what_it_computes_here_and_in_spawned_child(
     for dtype in ("float32", "float16"):
         assert child["numbers"][dtype]["scaled"] == [3.0 * x for x in xs]
     # the child's kernel was compiled under the same content-addressed file as the parent's
-    assert child["co_filename"] == kernel["co_filename"] != str(lab.kern)
+    assert child["co_filename"] == kernel["co_filename"] != str(triton_lab.kern)
 
 
 def test_patched_kernel_src_is_the_patched_text_and_its_cache_key_differs(
-    lab: Lab, tmp_path: Path, unpatched_jit: dict[str, Any]
+    triton_lab: Lab, tmp_path: Path, unpatched_jit: dict[str, Any]
 ) -> None:
-    report = lab.run(tmp_path / "c", enable="triple")
+    report = triton_lab.run(tmp_path / "c", enable="triple")
     patched_text = edited((DOUBLE, TRIPLE))
     before, after = unpatched_jit["kernels"], report["kernels"]
 
@@ -356,9 +356,9 @@ def test_patched_kernel_src_is_the_patched_text_and_its_cache_key_differs(
     assert "x * 3.0" in kernel["src"] and "x * 2.0" not in kernel["src"]
     assert kernel["getsource"] == "@triton.jit\n" + kernel["src"]
     # compiled under a real file that holds the patched text; the module's own file is untouched
-    assert kernel["co_filename"] != str(lab.kern)
+    assert kernel["co_filename"] != str(triton_lab.kern)
     assert Path(kernel["co_filename"]).read_text(encoding="utf-8") == patched_text
-    assert lab.kern.read_text(encoding="utf-8") == KERN
+    assert triton_lab.kern.read_text(encoding="utf-8") == KERN
     assert before["scale_kernel"]["src"] == function_text(KERN, "scale_kernel")
     assert kernel["cache_key"] != before["scale_kernel"]["cache_key"]
 
@@ -371,9 +371,9 @@ def test_patched_kernel_src_is_the_patched_text_and_its_cache_key_differs(
 
 
 def test_line_shifting_diff_moves_the_kernels_below_and_changes_their_cache_keys(
-    lab: Lab, tmp_path: Path, unpatched_jit: dict[str, Any]
+    triton_lab: Lab, tmp_path: Path, unpatched_jit: dict[str, Any]
 ) -> None:
-    report = lab.run(tmp_path / "c", enable="triple-shifted")
+    report = triton_lab.run(tmp_path / "c", enable="triple-shifted")
     before, after = unpatched_jit["kernels"], report["kernels"]
     assert "# tripled by a patch" in after["scale_kernel"]["src"]
     untouched = after["add_one_kernel"]
@@ -384,10 +384,10 @@ def test_line_shifting_diff_moves_the_kernels_below_and_changes_their_cache_keys
 
 
 def test_ast_transform_of_kernel_is_what_triton_compiles_and_runs(
-    lab: Lab, tmp_path: Path, unpatched_jit: dict[str, Any]
+    triton_lab: Lab, tmp_path: Path, unpatched_jit: dict[str, Any]
 ) -> None:
-    jit = lab.run(tmp_path / "c0", enable="triple-ast")
-    interp = lab.run(tmp_path / "c1", enable="triple-ast", interpret=True)
+    jit = triton_lab.run(tmp_path / "c0", enable="triple-ast")
+    interp = triton_lab.run(tmp_path / "c1", enable="triple-ast", interpret=True)
     before, after = unpatched_jit["kernels"], jit["kernels"]
     src = after["scale_kernel"]["src"]
     assert "x * 3.0" in src and "x * 2.0" not in src
@@ -403,7 +403,7 @@ def test_ast_transform_of_kernel_is_what_triton_compiles_and_runs(
 
 @pytest.mark.parametrize("where", ["published-file", "no-cache-folder"])
 def test_clearing_linecache_after_import_does_not_bring_back_the_original_kernel(
-    lab: Lab, tmp_path: Path, where: str
+    triton_lab: Lab, tmp_path: Path, where: str
 ) -> None:
     cache = tmp_path / "c"
     if where == "no-cache-folder":
@@ -411,12 +411,12 @@ def test_clearing_linecache_after_import_does_not_bring_back_the_original_kernel
         # under the module's real path and a linecache entry carries the patched text
         cache.mkdir()
         cache.chmod(0o777)
-    report = lab.run(cache, "clearcache", "dropcache", enable="triple", interpret=True)
+    report = triton_lab.run(cache, "clearcache", "dropcache", enable="triple", interpret=True)
     kernel = report["kernels"]["scale_kernel"]
     if where == "no-cache-folder":
-        assert kernel["co_filename"] == str(lab.kern)
+        assert kernel["co_filename"] == str(triton_lab.kern)
     else:
-        assert kernel["co_filename"] != str(lab.kern)
+        assert kernel["co_filename"] != str(triton_lab.kern)
     # read after linecache.clearcache() + checkcache(): still the patched text
     assert "x * 3.0" in kernel["getsource"]
     assert "x * 3.0" in kernel["src"]
@@ -430,9 +430,9 @@ def test_clearing_linecache_after_import_does_not_bring_back_the_original_kernel
 
 @pytest.mark.parametrize("interpret", [False, True], ids=["jit", "interpreter"])
 def test_kernel_that_reads_the_original_text_fails_the_import(
-    lab: Lab, tmp_path: Path, interpret: bool
+    triton_lab: Lab, tmp_path: Path, interpret: bool
 ) -> None:
-    report = lab.run(tmp_path / "c", enable="poison-original", interpret=interpret)
+    report = triton_lab.run(tmp_path / "c", enable="poison-original", interpret=interpret)
     assert report["import_error"] == "PatchError"
     message = report["message"]
     assert "poison-original" in message and "'scale_kernel'" in message
@@ -459,38 +459,38 @@ except ImportError as exc:
     ],
 )
 def test_kernels_behind_autotune_heuristics_and_constexpr_function_are_checked_too(
-    lab: Lab, tmp_path: Path, patch: str, kernel: str
+    triton_lab: Lab, tmp_path: Path, patch: str, kernel: str
 ) -> None:
-    unpatched = lab.run(tmp_path / "c0", code=IMPORT_TUNED)
+    unpatched = triton_lab.run(tmp_path / "c0", code=IMPORT_TUNED)
     assert "x * 2.0" in unpatched["src"]  # Autotuner -> Heuristics -> JITFunction
-    report = lab.run(tmp_path / "c1", enable=patch, code=IMPORT_TUNED)
+    report = triton_lab.run(tmp_path / "c1", enable=patch, code=IMPORT_TUNED)
     assert report["import_error"] == "PatchError"
     assert kernel in report["message"] and "not the patched text" in report["message"]
 
 
 def test_kernel_whose_source_is_unreadable_fails_the_import_under_the_interpreter(
-    lab: Lab, tmp_path: Path
+    triton_lab: Lab, tmp_path: Path
 ) -> None:
     # Left alone, the interpreter would find no source at the first launch and silently run the
     # Python function without its rewrite.
-    report = lab.run(tmp_path / "c", enable="poison-empty", interpret=True)
+    report = triton_lab.run(tmp_path / "c", enable="poison-empty", interpret=True)
     assert report["import_error"] == "PatchError"
     assert "'scale_kernel'" in report["message"] and "unreadable source" in report["message"]
     assert report["in_sys_modules"] is False
 
 
-def test_patches_are_valid_git_diffs(lab: Lab) -> None:
+def test_patches_are_valid_git_diffs(triton_lab: Lab) -> None:
     """The .diff files above apply with ``git apply`` too (when git is here): they are the
     format users produce, not one only importpatch reads."""
     git = shutil.which("git")
     if git is None:
         pytest.skip("git is not installed")
     for name in ("triple.diff", "triple-shifted.diff", "poison-original.diff"):
-        work = lab.root / f"apply-{name}"
+        work = triton_lab.root / f"apply-{name}"
         (work / "tk").mkdir(parents=True)
         (work / KERN_PATH).write_text(KERN, encoding="utf-8")
         proc = subprocess.run(
-            [git, "apply", "--check", str(lab.patches / name)], cwd=work,
+            [git, "apply", "--check", str(triton_lab.patches / name)], cwd=work,
             capture_output=True, text=True, timeout=60,
         )
         assert proc.returncode == 0, proc.stderr

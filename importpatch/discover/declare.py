@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any
 
-    from importpatch.rewrite.diffs import FilePatch, ParsedDiff
+    from importpatch.discover.diffparse import FilePatch, ParsedDiff
 
 _MISSING: Any = object()
 
@@ -307,7 +307,7 @@ class Patch:
         many lines from its stated position a hunk may be found (default 200). ``unidiff_zero``:
         accept hunks without context lines (``git diff -U0``), placed by their line numbers.
         """
-        from importpatch.rewrite import diffs
+        from importpatch.discover import diffparse
 
         if (text is None) == (path is None):
             raise DeclarationError(f"patch {self.name}: give the diff text or path=, not both")
@@ -316,8 +316,8 @@ class Patch:
                 text = diff_text(f.read(), os.fspath(path))
         assert text is not None
         try:
-            parsed = diffs.parse(text)
-        except diffs.DiffError as exc:
+            parsed = diffparse.parse(text)
+        except diffparse.DiffError as exc:
             raise DeclarationError(f"patch {self.name}: malformed diff: {exc}") from None
         self._diff_ops(parsed, candidates or {}, max_offset, unidiff_zero, f"patch {self.name}")
 
@@ -327,7 +327,7 @@ class Patch:
     ) -> None:
         import dataclasses
 
-        from importpatch.rewrite import diffs
+        from importpatch.discover import diffparse
 
         if not parsed.files:
             only = "".join(f" ({m.path}: {m.describe()}, not code)" for m in parsed.modes[:3])
@@ -336,14 +336,14 @@ class Patch:
             raise DeclarationError(f"{where}: max_offset must be a whole number >= 0")
         for fp in parsed.files:
             fp = dataclasses.replace(
-                fp, max_offset=diffs.DEFAULT_MAX_OFFSET if max_offset is None else max_offset,
+                fp, max_offset=diffparse.DEFAULT_MAX_OFFSET if max_offset is None else max_offset,
                 unidiff_zero=bool(unidiff_zero),
             )
             try:
-                diffs.require_context(fp)  # a -U0 diff fails here, not at the target's import
-            except diffs.DiffError as exc:
+                diffparse.require_context(fp)  # a -U0 diff fails here, not at the target's import
+            except diffparse.DiffError as exc:
                 raise DeclarationError(f"{where}: malformed diff: {exc}") from None
-            modules = (fp.module, *(diffs.module_name(p) for p in candidates.get(fp.path, [])))
+            modules = (fp.module, *(diffparse.module_name(p) for p in candidates.get(fp.path, [])))
             self.ops.append(Op(self, DIFF, modules, file_patch=fp))
 
     def transform(self, module: str, fn: Any = _MISSING) -> Any:
@@ -420,14 +420,14 @@ def diff_text(raw: bytes, path: str) -> str:
 def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
     """A ``Patch`` from a ``.diff``/``.patch`` file (or its ``text``, already read); name defaults
     to the file's stem."""
-    from importpatch.rewrite import diffs
+    from importpatch.discover import diffparse
 
     if text is None:
         with open(path, "rb") as f:
             text = diff_text(f.read(), path)
     try:
-        parsed = diffs.parse(text)
-    except diffs.DiffError as exc:
+        parsed = diffparse.parse(text)
+    except diffparse.DiffError as exc:
         raise DeclarationError(f"{path}: malformed diff: {exc}") from None
     header = parse_header(parsed.preamble)
     name = (header.get("name") or [os.path.splitext(os.path.basename(path))[0]])[0]

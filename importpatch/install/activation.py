@@ -2,17 +2,18 @@
 
 The rewrite (importpatch/rewrite/landing.py) bakes calls into the code: ``begin`` first, ``land`` at
 each definition site of a target, ``value`` for a class-body field (fields.py), ``done`` last;
-they reach this module as ``HOOKS``
+they reach this module as ``importpatch.rewrite.facts.HOOKS``
 (``__import__('importpatch.install.activation').install.activation``), which resolves through
 sys.modules at run time, so the code works in any namespace (runpy's ``__main__`` too). The name is
-baked into cached code: the bytecode cache's key holds a hash of this module's source
-(``bytecache.PRODUCERS``), so an entry made by other code expires.
+baked into cached code: the bytecode cache's key holds a hash of this module's source and of
+facts.py (``bytecache.PRODUCERS``), so an entry made by other code expires.
 
 ``ModulePlan`` holds one module's operations, grouped by landing site, and applies them as
 names are bound, then checks them in ``finish`` (the rules are in landing.py's docstring). The
-``Fact`` objects are what the source proved before the module ran, kept with the code in the
-cache. Late activation (patching a module imported before, importpatch/install/late.py) uses the
-same plan. Imported on every patched import, cache hit or not: no ``ast`` at module level.
+``Fact`` objects (rewrite/facts.py) are what the source proved before the module ran, kept with
+the code in the cache. Late activation (patching a module imported before,
+importpatch/install/late.py) uses the same plan. Imported on every patched import, cache hit or
+not: no ``ast`` at module level.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from importpatch import events
 from importpatch.discover.declare import ADD, CHAIN_KINDS, REPLACE, SET, SUBCLASS, WRAP
 from importpatch.errors import PatchError
+from importpatch.rewrite.facts import Fact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,9 +34,6 @@ if TYPE_CHECKING:
 
     from importpatch.discover.declare import Op, Patch
 
-# How the rewritten code reaches this module (this module's own name, so the code keeps working
-# wherever the module lives): ``__import__('importpatch.install.activation').install.activation``.
-HOOKS = f"__import__({__name__!r}).{__name__.partition('.')[2]}"
 
 # -- Where an operation lands ------------------------------------------------------------------
 
@@ -56,44 +55,6 @@ def _on_owner(op: Op) -> bool:
 
 
 # -- What the source proves, before the module runs (kept with the code) ----------------------
-
-
-class Fact:
-    """The binding verdict (``bindings.Verdict``) of one qualname and whether a landing site was
-    inserted for it; kept with the compiled code in the bytecode cache. ``digest``: of the bound
-    original's normalised text (``rewrite.pins``), compared with a patch's pin at every import."""
-
-    __slots__ = ("state", "seen", "why", "line", "digest")
-
-    def __init__(self, state: str, seen: bool, why: str = "", line: int = 0,
-                 digest: str = "") -> None:
-        self.state, self.seen, self.why, self.line = state, seen, why, line
-        self.digest = digest
-
-    # Marks entries of this format: code made before begin/done existed must never be reused.
-    FORMAT = "\tfacts-2"
-
-    @classmethod
-    def pack(cls, facts: dict[str, Fact]) -> set[str]:
-        packed = {cls.FORMAT}
-        for qual, f in facts.items():
-            packed.add("\t".join((qual, f.state, "1" if f.seen else "0", str(f.line), f.digest,
-                                  f.why)))
-        return packed
-
-    @classmethod
-    def unpack(cls, packed: Iterable[str]) -> dict[str, Fact] | None:
-        """The facts, or None when ``packed`` is not in this format (an older cache entry)."""
-        items = set(packed)
-        if cls.FORMAT not in items:
-            return None
-        out: dict[str, Fact] = {}
-        for item in items - {cls.FORMAT}:
-            parts = item.split("\t", 5)
-            if len(parts) != 6 or not parts[3].isdigit():
-                return None
-            out[parts[0]] = cls(parts[1], parts[2] == "1", parts[5], int(parts[3]), parts[4])
-        return out
 
 
 def fact_quals(ops: Iterable[Op]) -> set[str]:

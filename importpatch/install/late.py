@@ -46,22 +46,23 @@ from importpatch.discover.declare import CODE_KINDS
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ast
+    from collections.abc import Mapping
     from types import ModuleType
     from typing import Any
 
     from importpatch.discover.catalog import Entry
     from importpatch.discover.declare import Op
     from importpatch.install.activation import ModulePlan
-    from importpatch.load.finder import PatchFinder
 
 
-def apply_to_imported(finder: PatchFinder) -> int:
-    """Patch the enabled patches' targets that are already imported; returns how many modules."""
+def apply_to_imported(by_module: Mapping[str, list[Entry]]) -> int:
+    """Patch the enabled patches' targets that are already imported (``by_module``: the installed
+    finder's patches per target module); returns how many modules."""
     from importpatch.discover.catalog import retry_declaration
-    from importpatch.load.selection import applicable_ops, handled, load_patches, mark_handled
+    from importpatch.discover.selection import applicable_ops, handled, load_patches, mark_handled
 
     done = 0
-    for name, entries in finder.by_module.items():
+    for name, entries in by_module.items():
         module = sys.modules.get(name)
         if module is None:
             continue
@@ -369,8 +370,8 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
     ``warn_own_import``. A declaration that does not load, or a patch refused in place (other
     patches' chains on its target, a decorator that cannot be rebuilt) fails the import closed
     (PatchError; ``On-Error: warn``: the event only), as at the definition site."""
+    from importpatch.discover.selection import applicable_ops, load_patches, mark_handled
     from importpatch.errors import PatchError
-    from importpatch.load.selection import applicable_ops, load_patches, mark_handled
 
     running = _running_declarations(entries)
     if running:

@@ -72,7 +72,7 @@ PRUNE_TO = 0.75
 PRODUCERS = (
     "install/activation", "rewrite/bindings", "load/bytecache", "discover/declare", "rewrite/diffs",
     "rewrite/fields", "load/finder", "rewrite/landing", "load/publish", "safefiles",
-    "rewrite/transforms", "rewrite/pins",
+    "rewrite/transforms", "rewrite/pins", "rewrite/facts", "discover/diffparse",
 )
 
 

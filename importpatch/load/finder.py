@@ -251,7 +251,7 @@ class PatchLoader:
                 "the module's code ran without importpatch's landings (another import hook "
                 "replaced the code it executed)", file=self.origin,
             ))
-        from importpatch.load.selection import mark_handled
+        from importpatch.discover.selection import mark_handled
 
         own = [e for e in self.entries if in_place_only(e)]
         mark_handled(module, (e.name for e in self.entries if e not in own))
@@ -296,8 +296,8 @@ class PatchLoader:
 
     def _ops(self) -> list[Op]:
         from importpatch.discover.catalog import in_place_only
+        from importpatch.discover.selection import applicable_ops, load_patches
         from importpatch.errors import PatchError
-        from importpatch.load.selection import applicable_ops, load_patches
 
         # (Those that land in place after the module ran are not built in: see exec_module.)
         entries = [e for e in self.entries if not in_place_only(e)]
@@ -339,6 +339,7 @@ class PatchLoader:
         from importpatch.errors import PatchError
         from importpatch.install import activation
         from importpatch.load import bytecache, publish
+        from importpatch.rewrite.facts import Fact
 
         raw = self.loader.get_data(origin)
         text = safefiles.decode_source(raw)
@@ -360,7 +361,7 @@ class PatchLoader:
         key = bytecache.key(self.fullname, raw, ops, qualnames, cache_root, origin, fact_quals,
                             siblings)
         cached = bytecache.load(cache_root, key, text, self.fullname) if use_cache else None
-        facts = activation.Fact.unpack(cached[1]) if cached is not None else None
+        facts = Fact.unpack(cached[1]) if cached is not None else None
         if cached is not None and facts is not None:
             code, _, patched = cached
             filename = publish.publish(origin, patched, cache_root) if patched != text else origin
@@ -395,7 +396,7 @@ class PatchLoader:
                     f"patched source does not compile: {exc.msg} (line {exc.lineno})", file=origin,
                 ) from None
             if use_cache:
-                bytecache.store(cache_root, key, code, activation.Fact.pack(facts), patched, text)
+                bytecache.store(cache_root, key, code, Fact.pack(facts), patched, text)
         plan.unseen = {q for q, fact in facts.items() if not fact.seen}
         plan.prepare(facts)  # may fail the import before anything ran
         build = Build(code, plan, patched, code_ops)
@@ -610,7 +611,7 @@ def source_file(name: str) -> str | None:
             origin = spec.origin
             return origin if isinstance(origin, str) and origin.endswith(".py") else None
         bases, rest = list(spec.submodule_search_locations or ()), parts[1:]
-    from importpatch.load.selection import file_under
+    from importpatch.discover.selection import file_under
 
     return file_under(bases, rest)
 

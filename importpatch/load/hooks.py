@@ -61,7 +61,7 @@ class CannotCompose(Exception):
 
 
 def carries_landings(code: CodeType, hooks_module: str) -> bool:
-    """Whether ``code`` (or code nested in it) calls the activation hooks (``activation.HOOKS``
+    """Whether ``code`` (or code nested in it) calls the activation hooks (``facts.HOOKS``
     names ``hooks_module``): the code of the patched tree, not of the original text."""
     todo = [code]
     while todo:

@@ -50,7 +50,7 @@ def adds(entries: list[Entry], fullname: str) -> str | None:
     ``fullname``, "" when a declaration does not load (its failure is then the import's), or
     None when none adds it."""
     from importpatch.discover.declare import DIFF
-    from importpatch.load.selection import declared
+    from importpatch.discover.selection import declared
 
     found: str | None = None
     for entry in entries:

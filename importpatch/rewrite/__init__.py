@@ -1,6 +1,8 @@
-"""Stage 3, rewrite: turn a module's source into its patched code at compile time. Unified
+"""Stage 2, rewrite: turn a module's source into its patched code at compile time. Unified
 diffs, AST transforms, class-body fields, the analysis of where a name is bound (shared
-with ``check`` and late activation) and the definition-site landing calls compiled in.
+with ``check`` and late activation) and the definition-site landing calls compiled in; the
+compiled code reaches stage 3 by the address in ``facts.HOOKS``, a string, not an import.
 
-Runs inside every patched process: cheap to import, never raises.
+Imports only discover and the shared basics. Runs inside every patched process: cheap to import,
+never raises.
 """

@@ -78,7 +78,7 @@ def value_text(op: Op, module: str) -> str | None:
     text = literal(op.obj)
     if text is not None:
         return text
-    from importpatch.install.activation import HOOKS
+    from importpatch.rewrite.facts import HOOKS
 
     return f"{HOOKS}.value({module!r}, {op.qualname!r})"
 

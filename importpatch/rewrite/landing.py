@@ -4,7 +4,7 @@ Monkeypatching after import misses every copy made while the module executed: a 
 registered the function, a dict or list of functions, ``functools.partial``, a default argument,
 a class body alias, and every ``from x import y`` of a module imported during a circular import.
 So the target module's tree is rewritten before it is compiled (``L`` stands for
-``activation.HOOKS``, ``__import__('importpatch.install.activation').install.activation``: what the
+``facts.HOOKS``, ``__import__('importpatch.install.activation').install.activation``: what the
 code calls at import lives in importpatch/install/activation.py, which resolves through sys.modules
 at run time, so the code works in any namespace, runpy's ``__main__`` too):
 
@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import ast
 
-from importpatch.install.activation import HOOKS, Fact
+from importpatch.rewrite.facts import HOOKS, Fact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

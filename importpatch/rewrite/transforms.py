@@ -16,8 +16,8 @@ import re
 
 from importpatch.discover.declare import DIFF, FIELD, TRANSFORM
 from importpatch.errors import PatchError
-from importpatch.install import activation
 from importpatch.rewrite import diffs, landing
+from importpatch.rewrite.facts import HOOKS, Fact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ _MAIN_BLOCK = re.compile(r"^if\s+.*__main__", re.M)  # done() must go before suc
 def compile_module(
     module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str,
     original: str | None = None,
-) -> tuple[CodeType, dict[str, activation.Fact]]:
+) -> tuple[CodeType, dict[str, Fact]]:
     """Parse the (patched) text, read what it proves of ``fact_quals`` (before the tree changes),
     add definition-site landings for ``qualnames`` and the begin/done hooks, compile.
     ``original``: the module's text before code changes, whose originals the facts' digests are
@@ -148,7 +148,7 @@ def compile_module(
     if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
         # Only code changes: nothing to land, nothing to add, so the text plus one closing line
         # compiles directly (about twice as fast as parse + compile(tree)); lines do not move.
-        closing = f"\n{activation.HOOKS}.done({module!r})\n"
+        closing = f"\n{HOOKS}.done({module!r})\n"
         return compile(text + closing, code_filename, "exec", dont_inherit=True), {}
     tree, facts = module_tree(module, text, qualnames, fact_quals, code_filename, original)
     return compile(tree, code_filename, "exec", dont_inherit=True), facts
@@ -157,11 +157,11 @@ def compile_module(
 def module_tree(
     module: str, text: str, qualnames: list[str], fact_quals: set[str], code_filename: str,
     original: str | None = None,
-) -> tuple[ast.Module, dict[str, activation.Fact]]:
+) -> tuple[ast.Module, dict[str, Fact]]:
     """What ``compile_module`` compiles, as a tree (landings and begin/done included): what
     another import hook's transform works on (importpatch/load/hooks.py)."""
     if not qualnames and not fact_quals and not _MAIN_BLOCK.search(text):
-        closing = f"\n{activation.HOOKS}.done({module!r})\n"
+        closing = f"\n{HOOKS}.done({module!r})\n"
         return ast.parse(text + closing, filename=code_filename), {}
     tree = ast.parse(text, filename=code_filename)
     facts = landing.facts_of(tree, fact_quals)

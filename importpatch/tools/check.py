@@ -45,7 +45,7 @@ from importpatch.discover.declare import (
     SUBCLASS,
     TRANSFORM,
 )
-from importpatch.load.selection import declared
+from importpatch.discover.selection import declared
 from importpatch.rewrite import diffs
 from importpatch.tools.packages import InstalledSource, Source, UsageError, open_source
 from importpatch.tools.sideeffects import compiled_warnings

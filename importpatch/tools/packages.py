@@ -217,7 +217,7 @@ class InstalledSource(Source):
             if places[0].endswith(".py"):
                 return places[0]
             return init if os.path.isfile(init) else None
-        from importpatch.load.selection import file_under
+        from importpatch.discover.selection import file_under
 
         return file_under(places, rest)
 
