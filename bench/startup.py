@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -109,25 +110,28 @@ def run(scale: float = 1.0) -> list[Row]:
         ratio = median(s[k]["wall"]) / a
         return ratio, f"{ratio:.3f} (CPU {median(s[k]['cpu']) / median(s['absent']['cpu']):.3f})"
 
-    ratio, text = vs_absent("installed")
-    rows.append(Row(
+    _, text = vs_absent("installed")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows.append(Row(  # wall clock beside the instruction row below, which is the one judged
         "`python -c pass`: installed, nothing enabled / absent; beside it the floor, a one-line "
-        "`import os` .pth / absent", f"absent {ms(a)}",
+        f"`import os` .pth / absent (wall clock at load {load:.1f})", f"absent {ms(a)}",
         f"installed {ms(median(s['installed']['wall']))}, floor "
         f"{ms(median(s['floor']['wall']))}", f"{text}; floor {vs_absent('floor')[1]}",
-        "<= 1.01", ratio <= 1.01,
+        "report", None,
     ))
     counts = {k: instructions(v.python, base) for k, v in
               (("absent", bare), ("installed", with_wheel), ("floor", floor))}
     if all(counts.values()):
         a_i, i_i, f_i = (counts[k] or 0 for k in ("absent", "installed", "floor"))
+        # The goal (issue 30): the floor of any .pth hook, measured in the same run, + 1 %.
+        goal = round(f_i / a_i + 0.01, 4)
         rows.append(Row(
             "same, instructions (valgrind callgrind, median of 3; deterministic)",
             f"absent {a_i:,}", f"installed {i_i:,}, floor {f_i:,}",
             f"{i_i / a_i:.4f} (+{i_i - a_i:,}); floor {f_i / a_i:.4f} (+{f_i - a_i:,})",
-            "<= 1.01", i_i / a_i <= 1.01,
+            f"<= floor + 1 % ({goal})", i_i / a_i <= goal,
             figures=[Figure("python -c pass, installed + nothing enabled (instructions)",
-                            "ratio", round(i_i / a_i, 4), 1.01)],
+                            "ratio", round(i_i / a_i, 4), goal)],
         ))
     # A PYTHONPATH folder can gain a patch package without changing the site folder: there the
     # stamp is not used and every process checks the index.
@@ -178,26 +182,40 @@ def run(scale: float = 1.0) -> list[Row]:
         ten_cold = median(s["ten-cold"]["wall"]) - none
         scan = median(s["scan"]["wall"]) - none
         cpu = {k: median(v["cpu"]) - median(s["none"]["cpu"]) for k, v in s.items()}
+        # Wall clock, labelled with the load it ran at: judged only against vLLM's own scan in
+        # the same rounds; the instruction row below judges the cost (issue 30).
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         rows.append(Row(
-            f"`python -c pass` + 10 enabled patches, index warm ({label})",
+            f"`python -c pass` + 10 enabled patches, index warm ({label}; wall clock at load "
+            f"{load:.1f})",
             f"nothing enabled {ms(none)}", f"10 enabled {ms(none + ten)}",
             f"+{ten * 1e3:.2f} ms (CPU +{cpu['ten'] * 1e3:.2f} ms)",
-            "<= +3 ms and < vLLM's entry-point scan", ten <= 0.003 and ten < scan,
-            figures=[  # one goal, two halves: each its own bar
-                Figure("start-up with 10 enabled patches, index warm", "absolute",
-                       round(ten * 1e3, 2), 3.0, unit="ms"),
-                Figure("start-up, 10 patches warm / vLLM's own plugin scan", "absolute",
+            "< vLLM's entry-point scan", ten < scan,
+            figures=[
+                Figure("start-up, 10 patches warm / vLLM's own plugin scan (wall)", "absolute",
                        round(ten * 1e3, 2), round(scan * 1e3, 1), unit="ms"),
             ],
         ))
         # The same two starts counted in instructions: load does not move them, so this row
-        # tells a change in the enabled start path from noise (the wall row above cannot).
+        # tells a change in the enabled start path from noise (the wall row above cannot). The
+        # goal (issue 30): at most +4M instructions over the same venv without importpatch
+        # (the wheel venv's twin, `bare`; the vLLM venv has none: reported only).
         i_none, i_ten = instructions(Path(py), base), instructions(Path(py), on)
+        i_absent = counts.get("absent") if where is with_wheel else None
         if i_none and i_ten:
+            over = i_ten - i_absent if i_absent else None
             rows.append(Row(
                 f"same, instructions (valgrind callgrind, median of 3; {label})",
-                f"nothing enabled {i_none:,}", f"10 enabled {i_ten:,}",
-                f"{i_ten / i_none:.3f} (+{i_ten - i_none:,})", "report", None,
+                f"nothing enabled {i_none:,}" + (f", no importpatch {i_absent:,}"
+                                                 if i_absent else ""),
+                f"10 enabled {i_ten:,}",
+                f"{i_ten / i_none:.3f} (+{i_ten - i_none:,} over nothing enabled"
+                + (f", +{over:,} over no importpatch)" if over is not None else ")"),
+                "<= +4M over no importpatch" if over is not None else "report",
+                None if over is None else over <= 4_000_000,
+                figures=[] if over is None else [
+                    Figure("start-up with 10 enabled patches, index warm (instructions over "
+                           "no importpatch)", "absolute", round(over / 1e6, 2), 4.0, unit="M")],
             ))
         rows.append(Row(
             f"same, discovery cold: new cache folder every run ({label})",

@@ -21,6 +21,13 @@ Invariants:
   without changing the site folder's mtime (only the standard library's folders besides it,
   existing or not), and no ``.pth`` file read after ours that names a folder which does not
   exist yet (site adds it when it appears). Elsewhere the index decides, in every process.
+- Where patches are on by variables, an *enabled stamp* (``_write_enabled_stamp``) lets the next
+  processes with exactly those variables wait for the first import of a package the chosen
+  patches target, as for patches on by default, and start there: written only where that stamp's
+  key (the site key above, the variables' text) and the signature of every path the index
+  watched cover everything a start would decide, no problem is to be reported, and no variable
+  beyond ``WAIT_VARS`` asks for the hook to run from the start (events, strict mode, a log).
+  It only decides *when* the hook starts: what is on is decided then, by the same ``activate``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from importlib.machinery import ModuleSpec
     from typing import Any
 
@@ -79,14 +86,17 @@ def start(sitedir: str | None = None) -> None:
         _fail(exc)
 
 
-def start_waited(site_path: list[str] | None) -> None:
+def start_waited(site_path: list[str] | None, tops: Iterable[str] = ()) -> None:
     """Called by the .pth line's waiting finder (see importpatch/_pth.py) at the first import of a
-    package that a patch on by default targets: activate now, as the start would have. Never
-    raises (but for a real Ctrl-C, as ``start``)."""
+    package that the patches on target (``tops``, the stamp's list: on by default, or on by
+    variables where an enabled stamp holds): activate now, as the start would have. Never
+    raises (but for a real Ctrl-C, as ``start``); where activation fails, the imports of
+    ``tops`` fail closed."""
     global _started, _waited
     if _started or activated_with is not None:  # started, or enable() activated it meanwhile
         return
     _started = _waited = True
+    _waited_tops.update(t for t in tops if isinstance(t, str))
     try:
         from importpatch import sites
 
@@ -132,7 +142,8 @@ def _activate_at_start() -> None:
     activate(start=True)
 
 
-_waited = False  # started by the .pth line's waiting finder: patches on by default are on
+_waited = False  # started by the .pth line's waiting finder (a stamp listed packages)
+_waited_tops: set[str] = set()  # the packages it waited for: they fail closed if activation fails
 
 
 def _fail(exc: BaseException, *, fail_closed: bool = True) -> None:
@@ -168,6 +179,7 @@ def _fails_closed(reason: str) -> set[str]:
     if not (enabling or _waited):
         return set()
     known = {"vllm"} if enabling else set()
+    known.update(_waited_tops)
     cache = env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     if _pth is not None:
         paths = [targets_path(f"/{cache}/importpatch", _pth[0])]
@@ -314,6 +326,8 @@ def activate(
         return None
     if start and not toggles.anything_requested:  # on by default only: the stamp lists targets
         _write_stamp(index, entries, chosen)
+    elif start and not (problems or unknown or toggles.problems):
+        _write_enabled_stamp(index, entries, chosen)
     if start and index.fresh:  # what patches target changes only when the index is rebuilt
         _write_targets(entries)
     installed = finder.install(chosen)
@@ -469,8 +483,7 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     """Write the .pth line's stamp when its key covers everything (see the module docstring):
     empty when nothing is on; else (``chosen``: patches on by default only, none broken) the
     top-level packages they target, one per line, which the line then waits for."""
-    from importpatch import config, safefiles, sites
-    from importpatch.discover import catalog
+    from importpatch import config, safefiles
 
     if _pth is None or index.entry_points or index.path is None:
         return
@@ -483,28 +496,111 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     root = config.default_cache_root()[0]
     if root is None or config.get(os.environ, config.CACHE_DIR) or root != safefiles.usable_root():
         return
-    sitedir, site_key, path_len = _pth
-    site_path = sites.site_path or []
-    if len(site_path) != path_len or sites.user_site_if_enabled() not in (None, *site_path):
-        return  # folders came after the .pth line ran, or the user site may appear
-    static = _stdlib_folders()
-    for folder in sites.search_path():
-        if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
-            return
-    for entry in site_path:  # a folder that does not exist yet (PYTHONPATH) joins it on appearing
-        folder = os.path.abspath(entry or os.curdir)
-        if not os.path.exists(folder) and os.path.realpath(folder) not in static:
-            return
-    if _later_pth_names_a_missing_folder(sitedir):
+    if not _site_key_covers():
         return
-    now = catalog.signature((sitedir,))
-    mtime_ns, ctime_ns, _, inode = now[0]
-    racy = catalog.is_racy(now, __import__("time").time_ns())
-    if (mtime_ns, ctime_ns, inode) != site_key or racy:
-        return
+    _, site_key, path_len = _pth
     path = stamp_path(root, site_key, path_len)
     if safefiles.folder(root, "s", "") is not None:
         safefiles.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+
+
+def _site_key_covers() -> bool:
+    """Whether the .pth line's site key (its site folder's mtime, ctime and inode, the length of
+    sys.path when it ran) covers the whole search path this process ended with: nothing came
+    after the line, no folder can gain a distribution without changing the site folder, none
+    that does not exist yet can join (see the module docstring)."""
+    from importpatch import sites
+    from importpatch.discover import catalog
+
+    if _pth is None:
+        return False
+    sitedir, site_key, path_len = _pth
+    site_path = sites.site_path or []
+    if len(site_path) != path_len or sites.user_site_if_enabled() not in (None, *site_path):
+        return False  # folders came after the .pth line ran, or the user site may appear
+    static = _stdlib_folders()
+    for folder in sites.search_path():
+        if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
+            return False
+    for entry in site_path:  # a folder that does not exist yet (PYTHONPATH) joins it on appearing
+        folder = os.path.abspath(entry or os.curdir)
+        if not os.path.exists(folder) and os.path.realpath(folder) not in static:
+            return False
+    if _later_pth_names_a_missing_folder(sitedir):
+        return False
+    now = catalog.signature((sitedir,))
+    mtime_ns, ctime_ns, _, inode = now[0]
+    racy = catalog.is_racy(now, __import__("time").time_ns())
+    return (mtime_ns, ctime_ns, inode) == site_key and not racy
+
+
+# The variables an enabled start may wait with (importpatch/_pth.py reads the same list; each
+# also in its VLLM_ spelling): any other importpatch variable (a log, an events folder, strict
+# mode, a discovery limit) or VLLM_CUSTOM_PATCHES wants the hook running from the start.
+WAIT_VARS = ("IMPORTPATCH_ENABLE", "IMPORTPATCH_DISABLE", "IMPORTPATCH_PATH",
+             "IMPORTPATCH_CACHE_DIR")
+
+
+def enabled_key(environ: Mapping[str, str]) -> str | None:
+    """The text of the variables an enabled stamp is for, as the .pth line computes it (keep in
+    step with importpatch/_pth.py), or None where a variable beyond ``WAIT_VARS`` is set."""
+    items = sorted((k, v) for k, v in environ.items()
+                   if "IMPORTPATCH_" in k or k == "VLLM_CUSTOM_PATCHES")
+    if not items or any(k.removeprefix("VLLM_") not in WAIT_VARS for k, _ in items):
+        return None
+    return "".join(f"{k}={v}\n" for k, v in items)
+
+
+def enabled_stamp_name(site_key: tuple[int, int, int], path_len: int, text: str) -> str:
+    """``e-<mtime>-<ctime>-<inode>-<length of sys.path>-<length>-<byte sum of the text>``; the
+    file holds the text itself, so two sets of variables with one name only overwrite each
+    other's stamp (keep in step with importpatch/_pth.py)."""
+    raw = text.encode("utf-8", "surrogateescape")
+    mtime_ns, ctime_ns, inode = site_key
+    return f"e-{mtime_ns}-{ctime_ns}-{inode}-{path_len}-{len(raw)}-{sum(raw)}"
+
+
+def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) -> None:
+    """Where patches are on by variables (``WAIT_VARS`` only, no problem reported): the stamp
+    that lets the .pth line of the next process with exactly these variables wait for the first
+    import of a package the chosen patches target, as long as every path the index watched has
+    the signature it has now. Its text: the variables, NUL, one ``<mtime> <ctime> <size>
+    <inode>\t<path>`` line per watched path, NUL, the packages. Never written where it could
+    let a target be imported before the hook: a package already imported here (by site, or
+    before the hook), an entry point of ``importpatch.patches`` (an ordinary import a warm
+    process makes), a declaration cut off by the time limit, a broken or unsure patch."""
+    from importpatch import config, safefiles
+    from importpatch.discover import catalog
+
+    text = enabled_key(os.environ)
+    if text is None or "\0" in text or not chosen:
+        return
+    if index.timeouts or index.entry_points or index.path is None:
+        return
+    if any(e.error or not e.modules for e in chosen) or any(e.unsure for e in entries):
+        return
+    tops = sorted({m.partition(".")[0] for e in chosen for group in e.modules for m in group})
+    if not tops or any(t in sys.modules for t in tops):
+        return
+    # The root the .pth line looks in, spelled as it spells it (it puts a "/" in front).
+    raw = config.get(os.environ, config.CACHE_DIR) or (
+        (os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) + "/importpatch")
+    root = safefiles.usable_root()
+    if root is None or not os.path.isabs(raw) or os.path.normpath(raw) != root:
+        return
+    if any(c in p for p in index.watched for c in "\n\t\0") or not _site_key_covers():
+        return
+    assert _pth is not None
+    sig = catalog.signature(index.watched)
+    if catalog.is_racy(sig, __import__("time").time_ns()):
+        return  # a path changed within the clock's resolution: its next change may not show
+    body = "".join(f"{m} {c} {s} {i}\t{p}\n"
+                   for (m, c, s, i), p in zip(sig, index.watched, strict=True))
+    data = f"{text}\0{body}\0{' '.join(tops)}".encode("utf-8", "surrogateescape")
+    path = os.path.join(root, "s", enabled_stamp_name(_pth[1], _pth[2], text))
+    if safefiles.folder(root, "s", "") is None or safefiles.read_owned(path) == data:
+        return
+    safefiles.write_atomic(path, data)
 
 
 def _write_targets(entries: list[Entry]) -> None:

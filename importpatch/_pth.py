@@ -23,6 +23,12 @@ What it checks, in order (the common case ends at the stamp: nothing imported):
    waits, first on ``sys.meta_path``, for the first import of one of them (``import vllm``) and
    starts the hook right there, before that package's code runs. So pip and every other process
    that never imports those packages pay one name test per import, not the hook's start.
+3. with variables set: only ``IMPORTPATCH_ENABLE``, ``_DISABLE``, ``_PATH``, ``_CACHE_DIR`` (each
+   also in its ``VLLM_`` spelling), the enabled stamp
+   ``<cache>/s/e-<site key>-<length and byte sum of their text>`` (``_boot.enabled_stamp_name``)
+   holding exactly their text and, for every path the index watched, the signature it had: all
+   equal, the finder of 2. waits for the packages it lists (the hook imports importpatch from
+   this site folder then, never a checkout in the script's folder). Any doubt: the hook starts.
 Otherwise it calls ``importpatch._boot.start``. Nothing here raises (site would print it at
 every start): a failure of the hook is swallowed and the hook reports its own problems.
 """
@@ -92,6 +98,58 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                     pass  # unreadable: start the hook (below) rather than wait for nothing
                 if not all(top.isidentifier() for top in tops):
                     tops = frozenset()  # not what _boot writes: start the hook, as above
+        else:
+            # Patches on by variables: wait in the same way where _boot wrote an enabled stamp
+            # for exactly these variables (its WAIT_VARS, enabled_key, enabled_stamp_name) and
+            # every path its index watched still has the signature written there. Any doubt, any
+            # error: start the hook (below).
+            try:
+                # (os.environ decodes in Python at every access: the bytes it holds, filtered)
+                items = sorted(
+                    (k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                    for k, v in data.items() if b"IMPORTPATCH_" in k or k == b"VLLM_CUSTOM_PATCHES"
+                ) if data and isinstance(next(iter(data)), bytes) else sorted(
+                    (k, v) for k, v in environ.items()
+                    if "IMPORTPATCH_" in k or k == "VLLM_CUSTOM_PATCHES")
+                if all(k.removeprefix("VLLM_") in (
+                        "IMPORTPATCH_ENABLE", "IMPORTPATCH_DISABLE", "IMPORTPATCH_PATH",
+                        "IMPORTPATCH_CACHE_DIR") for k, _ in items):
+                    text = "".join(f"{k}={v}\n" for k, v in items)
+                    raw = environ.get("IMPORTPATCH_CACHE_DIR")  # config.get's rule
+                    if raw is None:
+                        raw = environ.get("VLLM_IMPORTPATCH_CACHE_DIR")
+                    root = f"/{raw}" if raw else base
+                    key = text.encode("utf-8", "surrogateescape")
+                    st = os.stat(sitedir)
+                    stamp = (f"{root}/s/e-{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-"
+                             f"{len(sys.path)}-{len(key)}-{sum(key)}")
+                    uid = getattr(os, "getuid", int)()
+                    for folder in (root, root + "/s"):
+                        st = os.lstat(folder)
+                        if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
+                            raise OSError
+                    st = os.lstat(stamp)
+                    if st.st_uid != uid or st.st_mode & 0o170000 != 0o100000:
+                        raise OSError
+                    with open(stamp, "rb") as f:
+                        env, _, rest = f.read().decode("utf-8", "surrogateescape").partition("\0")
+                    watched, _, listed = rest.partition("\0")
+                    if env == text and listed:
+                        for line in watched.splitlines():
+                            sig, _, path = line.partition("\t")
+                            try:
+                                st = os.stat(path)
+                                now = f"{st.st_mtime_ns} {st.st_ctime_ns} {st.st_size} {st.st_ino}"
+                            except OSError:
+                                now = "-1 -1 -1 -1"
+                            if now != sig:
+                                break
+                        else:
+                            tops = frozenset(listed.split())
+                            if not all(top.isidentifier() for top in tops):
+                                tops = frozenset()
+            except Exception:  # never the outer handler's silence: the hook must start
+                tops = frozenset()
 
         def fails_closed(exc: BaseException) -> None:
             # importpatch cannot load (a reinstall in progress, a broken install) while patches
@@ -167,9 +225,17 @@ def _pth(sitedir: str, name: str, site: dict) -> None:  # type: ignore[type-arg]
                     if self in sys.meta_path:
                         sys.meta_path.remove(self)
                     try:
-                        import importpatch._boot
+                        # The installed importpatch, as a start at the .pth line would load it:
+                        # by now sys.path may begin with the script's (or working) folder, where
+                        # a checkout of importpatch must not stand in for it.
+                        sys.path.insert(0, sitedir)
+                        try:
+                            import importpatch._boot
+                        finally:
+                            if sys.path and sys.path[0] == sitedir:
+                                del sys.path[0]
 
-                        importpatch._boot.start_waited(self.site_path)
+                        importpatch._boot.start_waited(self.site_path, tops)
                     except Exception as exc:
                         fails_closed(exc)  # raises ImportError for this import too
                     # importlib iterates sys.meta_path while this runs: ask the finders
