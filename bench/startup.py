@@ -75,7 +75,8 @@ def instructions(python: Path, env: dict[str, str]) -> int | None:
     for _ in range(3):
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), "-c",
-             "pass"], env=env, capture_output=True, text=True, check=True)
+             "pass"], env=dict(env, PYTHONHASHSEED="0"),  # dict layouts repeat run to run
+            capture_output=True, text=True, check=True)
         m = re.search(r"refs:\s*([\d,]+)", proc.stderr)
         if m is None:
             return None

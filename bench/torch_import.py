@@ -9,7 +9,9 @@ number of modules ``import torch`` imports. Goal: ratio <= 1.01.
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 from _common import (
     BENCH_DIR,
@@ -26,7 +28,11 @@ from _common import (
     venv,
 )
 
-CHILD = """\
+# The hook starts at the first import of a package an enabled patch targets (where the start
+# waits: docs/how-it-works.md), as in vLLM, whose first import starts it before torch is
+# imported. Probing the target here starts it the same way, so the finder is active below.
+START = "import importlib.util; importlib.util.find_spec('benchmiss')\n"
+CHILD = START + """\
 import json, sys, time
 before = len(sys.modules)
 t0, c0 = time.perf_counter(), time.process_time()
@@ -76,17 +82,43 @@ def run(scale: float = 1.0) -> list[Row]:
     modules = int(median(s["on"]["modules"]))
     miss = median(s["on"]["miss"])
     bound = miss * modules
-    return [
-        Row("`import torch`, finder active with no target hit / nothing enabled",
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows = [
+        Row(f"`import torch`, finder active with no target hit / nothing enabled (wall clock "
+            f"at load {load:.1f})",
             f"nothing enabled {ms(off_t)}", f"finder active {ms(on_t)}",
-            f"{on_t / off_t:.3f} (CPU {cpu_ratio:.3f})", "<= 1.01", on_t / off_t <= 1.01,
-            figures=[Figure("import torch, finder active (CPU time)", "ratio",
-                            round(cpu_ratio, 3), 1.01)]),
+            f"{on_t / off_t:.3f} (CPU {cpu_ratio:.3f})", "report", None),
         Row("same, finder cost computed: find_spec miss x modules imported",
             f"{miss * 1e9:.0f} ns per miss", f"{modules} modules",
             f"{bound * 1e3:.3f} ms = {bound / off_t:.2%} of the import", "<= 1 %",
             bound / off_t <= 0.01),
     ]
+    # The same two imports counted in instructions (issue 30: the figure the page judges),
+    # the whole process each, the hook started beforehand in both (the probe above).
+    i_off, i_on = (instructions(v.python, env) for env in (off, on))
+    if i_off and i_on:
+        rows.insert(1, Row(
+            "same, instructions (valgrind callgrind; the whole process: start, probe, import)",
+            f"nothing enabled {i_off:,}", f"finder active {i_on:,}",
+            f"{i_on / i_off:.4f} (+{i_on - i_off:,})", "<= 1.01", i_on / i_off <= 1.01,
+            figures=[Figure("import torch, finder active (instructions)", "ratio",
+                            round(i_on / i_off, 4), 1.01)]))
+    return rows
+
+
+def instructions(python: Path, env: dict[str, str]) -> int | None:
+    """Instructions of ``python -c START + 'import torch'`` (valgrind's callgrind, one run: it is
+    deterministic to a few thousand of billions); None without valgrind."""
+    import re
+    import subprocess
+
+    if shutil.which("valgrind") is None:
+        return None
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), "-c",
+         START + "import torch"], env=env, capture_output=True, text=True, check=True)
+    m = re.search(r"refs:\s*([\d,]+)", proc.stderr)
+    return int(m.group(1).replace(",", "")) if m else None
 
 
 if __name__ == "__main__":
