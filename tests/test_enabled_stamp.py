@@ -50,6 +50,10 @@ def _new_venv(venv_factory: Callable[..., Venv], wheel: Path, name: str) -> Venv
     (pkg / "__init__.py").write_text("")
     (pkg / "mod.py").write_text("def f():\n    return 'orig'\n")
     (pkg / "show.py").write_text("from tpkg.mod import f\nprint(f())\n")
+    other = venv.site_packages / "tpkg2"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    (other / "mod.py").write_text("def f():\n    return 'orig2'\n")
     time.sleep(0.1)  # past the racy window of the site folder's new mtime
     return venv
 
@@ -174,6 +178,55 @@ def test_an_enabled_stamp_in_an_own_cache_folder(stamp_venv: Venv, tmp_path: Pat
     again = stamp_venv.run(WHERE, cwd=tmp_path, env={"IMPORTPATCH_PATH": "patches",
                                                       "IMPORTPATCH_ENABLE": "p"})
     assert "_ImportpatchWaits" not in rel.stdout + again.stdout, again.stdout
+
+
+RACE = """\
+import threading, time
+import importpatch._boot as boot
+start_waited = boot.start_waited
+
+
+def slow(*args, **kwargs):  # the hook's start, made slow: another thread imports meanwhile
+    time.sleep(1.0)
+    return start_waited(*args, **kwargs)
+
+
+boot.start_waited = slow
+out = {}
+
+
+def other():
+    time.sleep(0.3)  # inside the start the main thread's import began
+    import tpkg2.mod
+    out["other"] = tpkg2.mod.f()
+
+
+thread = threading.Thread(target=other)
+thread.start()
+import tpkg.mod
+thread.join()
+print(tpkg.mod.f(), out["other"])
+"""
+
+
+def test_a_second_thread_importing_another_target_during_the_start_waits_for_it(
+    stamp_venv: Venv, tmp_path: Path
+) -> None:
+    # Another thread's import of another listed package while the hook starts must not slip
+    # through unpatched. importlib calls each finder's find_spec under its global import lock
+    # (importlib._bootstrap._find_spec), so that import waits for the start: the promise, held
+    # here with a start slowed to a second.
+    patches = _patches(tmp_path)
+    (patches / "q.py").write_text("from importpatch import Patch\n\n"
+                                  "Patch('q').replace('tpkg2.mod:f', lambda: 'patched2')\n")
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_PATH": str(patches), "IMPORTPATCH_ENABLE": "p,q"}
+    stamp_venv.run("pass", env=env, cwd=tmp_path)  # writes the stamp
+    waits = stamp_venv.run(WHERE, env=env, cwd=tmp_path)
+    assert waits.stdout.startswith("['_ImportpatchWaits']"), waits.stdout + waits.stderr
+    proc = stamp_venv.run(RACE, env=env, cwd=tmp_path)  # cwd: not the checkout's importpatch
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["patched", "patched2"], proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("gone", ["importpatch/load/finder.py", "importpatch/_boot.py"])
