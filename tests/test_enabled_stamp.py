@@ -12,6 +12,7 @@ install that breaks between the stamp and the import (the target's import must f
 from __future__ import annotations
 
 import ast
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -147,7 +148,8 @@ def test_a_changed_patch_folder_starts_the_hook_at_once(
 @pytest.mark.parametrize("extra", [
     {"IMPORTPATCH_LOG": "1"}, {"IMPORTPATCH_STRICT": "1"}, {"VLLM_CUSTOM_PATCHES": "p"},
     {"IMPORTPATCH_DISCOVERY_TIMEOUT": "60"}, {"IMPORTPATCH_ENABLE": "p,nope"},
-], ids=["log", "strict", "blog-variable", "discovery-limit", "unknown-name"])
+    {"IMPORTPATCH_PATH": "/nonexistent/importpatch-patches", "IMPORTPATCH_ENABLE": "p"},
+], ids=["log", "strict", "blog-variable", "discovery-limit", "unknown-name", "missing-folder"])
 def test_other_variables_or_a_problem_start_the_hook_in_every_process(
     stamp_venv: Venv, tmp_path: Path, extra: dict[str, str]
 ) -> None:
@@ -159,7 +161,62 @@ def test_other_variables_or_a_problem_start_the_hook_in_every_process(
         assert first != "_ImportpatchWaits" and "importpatch.load.finder" in loaded, (first, err)
         if "nope" in extra.get("IMPORTPATCH_ENABLE", ""):
             assert "unknown patch name(s) nope" in err, err
+        if "nonexistent" in extra.get("IMPORTPATCH_PATH", ""):
+            assert "is not a folder" in err, err  # said by every process, never waited past
     assert _stamps() == []
+
+
+def test_a_declaration_that_raises_SystemExit_is_reported_by_every_process(
+    stamp_venv: Venv, tmp_path: Path
+) -> None:
+    # A broken patch file (BaseException at its declaration) is a problem every process says:
+    # no stamp, so no process waits quietly past it.
+    patches = _patches(tmp_path)
+    (patches / "p.py").write_text("raise SystemExit('no')\n")
+    time.sleep(0.1)
+    for _ in range(3):
+        first, _, err = _run(stamp_venv, WHERE, patches)
+        assert first != "_ImportpatchWaits" and "is broken" in err, (first, err)
+    assert _stamps() == []
+
+
+def test_enable_in_code_of_a_waiting_process_activates_once(
+    stamp_venv: Venv, tmp_path: Path
+) -> None:
+    # Late activation: the application calls importpatch.enable() (a patch made in code) before
+    # it imports the target, in a process that waits. The hook activates there, once; the
+    # waiting finder then leaves without starting it again, and both patches apply.
+    patches = _patches(tmp_path)
+    _run(stamp_venv, WHERE, patches)
+    assert _run(stamp_venv, WHERE, patches)[0] == "_ImportpatchWaits"
+    code = textwrap.dedent("""\
+        import sys, importpatch
+        importpatch.Patch("late").replace("tpkg2.mod:f", lambda: "late")
+        importpatch.enable("late")
+        import tpkg.mod, tpkg2.mod
+        print(tpkg.mod.f(), tpkg2.mod.f(), [type(f).__name__ for f in sys.meta_path
+              if type(f).__name__ in ("PatchFinder", "_ImportpatchWaits")])
+        """)
+    proc = stamp_venv.run(code, cwd=tmp_path, env={"IMPORTPATCH_PATH": str(patches),
+                                                    "IMPORTPATCH_ENABLE": "p"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "patched late ['PatchFinder']", proc.stdout + proc.stderr
+
+
+def test_a_home_that_does_not_exist_never_waits_and_is_never_created(
+    stamp_venv: Venv, tmp_path: Path
+) -> None:
+    # No cache folder (HOME missing, no XDG_CACHE_HOME): no stamp can be kept, every process
+    # starts the hook and patches; the home folder is not created.
+    patches = _patches(tmp_path)
+    home = tmp_path / "gone" / "home"
+    env = {"IMPORTPATCH_PATH": str(patches), "IMPORTPATCH_ENABLE": "p", "HOME": str(home),
+           "XDG_CACHE_HOME": None}
+    for _ in range(2):
+        proc = stamp_venv.run(READ, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == "patched ['PatchFinder']\n", proc.stdout + proc.stderr
+    assert not home.exists() and not (tmp_path / "gone").exists()
 
 
 def test_an_enabled_stamp_in_an_own_cache_folder(stamp_venv: Venv, tmp_path: Path) -> None:
