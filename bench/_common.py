@@ -203,6 +203,27 @@ class Row:
     figures: list[Figure] = field(default_factory=list)
 
 
+def instructions(cmd: Sequence[str], env: Mapping[str, str], runs: int = 1) -> int | None:
+    """Instructions ``cmd`` executes (valgrind's callgrind, ``I refs``; the median of ``runs``),
+    with a fixed hash seed so dict and set layouts repeat from run to run: deterministic to about
+    100k instructions a process, so load does not move it. None without valgrind."""
+    import re
+
+    if shutil.which("valgrind") is None:
+        return None
+    counts = []
+    for _ in range(runs):
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
+            env=dict(env, PYTHONHASHSEED="0"), capture_output=True, text=True, check=True,
+            timeout=1800)
+        m = re.search(r"refs:\s*([\d,]+)", proc.stderr)
+        if m is None:
+            return None
+        counts.append(int(m.group(1).replace(",", "")))
+    return sorted(counts)[len(counts) // 2]
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 

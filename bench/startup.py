@@ -26,6 +26,7 @@ from _common import (
     Row,
     Venv,
     clean_env,
+    instructions,
     interleave,
     log,
     median,
@@ -63,25 +64,10 @@ def write_patches(folder: Path) -> list[str]:
     return names
 
 
-def instructions(python: Path, env: dict[str, str]) -> int | None:
-    """Instructions `python -c pass` executes (valgrind's callgrind, ``I refs``): deterministic,
-    so the small difference a .pth line makes is seen on a noisy machine. None without valgrind."""
-    import re
-    import subprocess
-
-    if shutil.which("valgrind") is None:
-        return None
-    counts = []
-    for _ in range(3):
-        proc = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), "-c",
-             "pass"], env=dict(env, PYTHONHASHSEED="0"),  # dict layouts repeat run to run
-            capture_output=True, text=True, check=True)
-        m = re.search(r"refs:\s*([\d,]+)", proc.stderr)
-        if m is None:
-            return None
-        counts.append(int(m.group(1).replace(",", "")))
-    return sorted(counts)[1]
+def pass_instructions(python: Path, env: dict[str, str]) -> int | None:
+    """Instructions `python -c pass` executes, median of 3: the small difference a .pth line makes
+    is seen on a noisy machine."""
+    return instructions([str(python), "-c", "pass"], env, runs=3)
 
 
 def run(scale: float = 1.0) -> list[Row]:
@@ -120,7 +106,7 @@ def run(scale: float = 1.0) -> list[Row]:
         f"{ms(median(s['floor']['wall']))}", f"{text}; floor {vs_absent('floor')[1]}",
         "report", None,
     ))
-    counts = {k: instructions(v.python, base) for k, v in
+    counts = {k: pass_instructions(v.python, base) for k, v in
               (("absent", bare), ("installed", with_wheel), ("floor", floor))}
     if all(counts.values()):
         a_i, i_i, f_i = (counts[k] or 0 for k in ("absent", "installed", "floor"))
@@ -201,7 +187,7 @@ def run(scale: float = 1.0) -> list[Row]:
         # tells a change in the enabled start path from noise (the wall row above cannot). The
         # goal (issue 30): at most +4M instructions over the same venv without importpatch
         # (the wheel venv's twin, `bare`; the vLLM venv has none: reported only).
-        i_none, i_ten = instructions(Path(py), base), instructions(Path(py), on)
+        i_none, i_ten = pass_instructions(Path(py), base), pass_instructions(Path(py), on)
         i_absent = counts.get("absent") if where is with_wheel else None
         if i_none and i_ten:
             over = i_ten - i_absent if i_absent else None

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 from _common import (
     BENCH_DIR,
     Figure,
     Row,
     clean_env,
+    instructions,
     interleave,
     log,
     measure,
@@ -95,7 +95,8 @@ def run(scale: float = 1.0) -> list[Row]:
     ]
     # The same two imports counted in instructions (issue 30: the figure the page judges),
     # the whole process each, the hook started beforehand in both (the probe above).
-    i_off, i_on = (instructions(v.python, env) for env in (off, on))
+    i_off, i_on = (instructions([str(v.python), "-c", START + "import torch"], env)
+                  for env in (off, on))
     if i_off and i_on:
         rows.insert(1, Row(
             "same, instructions (valgrind callgrind; the whole process: start, probe, import)",
@@ -104,21 +105,6 @@ def run(scale: float = 1.0) -> list[Row]:
             figures=[Figure("import torch, finder active (instructions)", "ratio",
                             round(i_on / i_off, 4), 1.01)]))
     return rows
-
-
-def instructions(python: Path, env: dict[str, str]) -> int | None:
-    """Instructions of ``python -c START + 'import torch'`` (valgrind's callgrind, one run: it is
-    deterministic to a few thousand of billions); None without valgrind."""
-    import re
-    import subprocess
-
-    if shutil.which("valgrind") is None:
-        return None
-    proc = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", str(python), "-c",
-         START + "import torch"], env=env, capture_output=True, text=True, check=True)
-    m = re.search(r"refs:\s*([\d,]+)", proc.stderr)
-    return int(m.group(1).replace(",", "")) if m else None
 
 
 if __name__ == "__main__":

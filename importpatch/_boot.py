@@ -573,8 +573,8 @@ def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) 
     from importpatch.discover import catalog
 
     text = enabled_key(os.environ)
-    if text is None or "\0" in text or not chosen:
-        return
+    if _pth is None or text is None or "\0" in text or not chosen:
+        return  # (no _pth: a process that waited, or started without the .pth line)
     if index.timeouts or index.entry_points or index.path is None:
         return
     if any(e.error or not e.modules for e in chosen) or any(e.unsure for e in entries):
@@ -590,8 +590,7 @@ def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) 
         return
     if any(c in p for p in index.watched for c in "\n\t\0") or not _site_key_covers():
         return
-    assert _pth is not None
-    sig = catalog.signature(index.watched)
+    sig = index.sig if index.sig is not None else catalog.signature(index.watched)
     if catalog.is_racy(sig, __import__("time").time_ns()):
         return  # a path changed within the clock's resolution: its next change may not show
     body = "".join(f"{m} {c} {s} {i}\t{p}\n"

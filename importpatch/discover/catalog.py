@@ -187,6 +187,9 @@ class Index:
         self.watched: tuple[str, ...] = ()
         self.entry_points = 0
         self.fresh = False  # built by this process (not read from the index file)
+        # The signature of ``watched`` as this process found it (read, kept or scanned): what
+        # an enabled stamp records (_boot), without a second round of stat calls.
+        self.sig: tuple[tuple[int, int, int, int], ...] | None = None
         # Declarations cut off by the time limit: (source, limit, retry_at, tries). A timeout is
         # not a verdict about the code: the index holds it only until retry_at, or until a
         # process runs with a higher limit (see _timeouts_due).
@@ -212,6 +215,7 @@ class Index:
         except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
             return False
         self.watched, self.entry_points, self.timeouts = watched, entry_points, timeouts
+        self.sig = sig
         return True
 
     def write(self, sig: tuple[tuple[int, int, int, int], ...]) -> None:
@@ -255,6 +259,7 @@ def load_index(toggles: config.Toggles) -> Index:
     if kept is not None and signature(kept[1]) == kept[0] and not (
             kept[4] and _timeouts_due(kept[4])):
         index.watched, index.entry_points, index.timeouts = kept[1], kept[2], kept[4]
+        index.sig = kept[0]
         index.entries = [Entry.from_tuple(row) for row in kept[3]]
         return index
     started = time.time_ns()
@@ -273,7 +278,7 @@ def load_index(toggles: config.Toggles) -> Index:
     _flag_duplicate_names(entries)
     index.entries, index.watched, index.entry_points = entries, tuple(watched), entry_points
     index.fresh = True
-    sig = signature(index.watched)
+    sig = index.sig = signature(index.watched)
     if not is_racy(sig, started) and index.path is not None:
         index.write(sig)
         _unwritten.pop(index.ident, None)
