@@ -87,8 +87,8 @@ def start(sitedir: str | None = None) -> None:
 
 
 def start_waited(site_path: list[str] | None, tops: Iterable[str] = ()) -> None:
-    """Called by the .pth line's waiting finder (see importpatch/_pth.py) at the first import of a
-    package that the patches on target (``tops``, the stamp's list: on by default, or on by
+    """Called by the .pth line's waiting finder (see importpatch/_pth_on.py) at the first import of
+    a package that the patches on target (``tops``, the stamp's list: on by default, or on by
     variables where an enabled stamp holds): activate now, as the start would have. Never
     raises (but for a real Ctrl-C, as ``start``); where activation fails, the imports of
     ``tops`` fail closed."""
@@ -534,7 +534,7 @@ def _site_key_covers() -> bool:
     return (mtime_ns, ctime_ns, inode) == site_key and not racy
 
 
-# The variables an enabled start may wait with (importpatch/_pth.py reads the same list; each
+# The variables an enabled start may wait with (importpatch/_pth_on.py reads the same list; each
 # also in its VLLM_ spelling): any other importpatch variable (a log, an events folder, strict
 # mode, a discovery limit) or VLLM_CUSTOM_PATCHES wants the hook running from the start.
 WAIT_VARS = ("IMPORTPATCH_ENABLE", "IMPORTPATCH_DISABLE", "IMPORTPATCH_PATH",
@@ -543,7 +543,7 @@ WAIT_VARS = ("IMPORTPATCH_ENABLE", "IMPORTPATCH_DISABLE", "IMPORTPATCH_PATH",
 
 def enabled_key(environ: Mapping[str, str]) -> str | None:
     """The text of the variables an enabled stamp is for, as the .pth line computes it (keep in
-    step with importpatch/_pth.py), or None where a variable beyond ``WAIT_VARS`` is set."""
+    step with importpatch/_pth_on.py), or None where a variable beyond ``WAIT_VARS`` is set."""
     items = sorted((k, v) for k, v in environ.items()
                    if "IMPORTPATCH_" in k or k == "VLLM_CUSTOM_PATCHES")
     if not items or any(k.removeprefix("VLLM_") not in WAIT_VARS for k, _ in items):
@@ -554,7 +554,7 @@ def enabled_key(environ: Mapping[str, str]) -> str | None:
 def enabled_stamp_name(site_key: tuple[int, int, int], path_len: int, text: str) -> str:
     """``e-<mtime>-<ctime>-<inode>-<length of sys.path>-<length>-<byte sum of the text>``; the
     file holds the text itself, so two sets of variables with one name only overwrite each
-    other's stamp (keep in step with importpatch/_pth.py)."""
+    other's stamp (keep in step with importpatch/_pth_on.py)."""
     raw = text.encode("utf-8", "surrogateescape")
     mtime_ns, ctime_ns, inode = site_key
     return f"e-{mtime_ns}-{ctime_ns}-{inode}-{path_len}-{len(raw)}-{sum(raw)}"

@@ -38,7 +38,7 @@ TOOLS = [
 # The stage folders in the order they may use each other: each imports only those before it.
 # "start" is the top-level start-up (START), which the integrations and tools call (enable()).
 STAGES = ["discover", "rewrite", "install", "load", "start", "integrations", "tools"]
-START = {"_pth", "_boot", "_declared"}
+START = {"_pth", "_pth_on", "_boot", "_declared"}
 # Top-level modules that expose the stages under public names (they may import any stage);
 # every other top-level module is a shared basic, below all the stages.
 ENTRIES = {"importpatch", "__main__", "compat", "pytest_plugin"}
@@ -244,8 +244,10 @@ def test_graph_sees_function_local_and_relative_imports() -> None:
     graph = _graph()
     # enable() imports _boot inside the function, relative to the package it is in.
     assert "importpatch._boot" in graph["importpatch"]
-    # _pth imports nothing at module level: its edge to _boot is function-local.
-    assert any(target.endswith("._boot") for target in graph[_named(graph, "_pth")])
+    # _pth_on imports nothing at module level: its edge to _boot is function-local.
+    assert any(target.endswith("._boot") for target in graph[_named(graph, "_pth_on")])
+    # _pth's only import is under its `if __name__ != ...` (the code the .pth line executes).
+    assert any(target.endswith("._pth_on") for target in graph[_named(graph, "_pth")])
 
 
 def test_no_import_cycles() -> None:

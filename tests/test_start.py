@@ -424,6 +424,15 @@ def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
     assert list(pycache.glob("_pth.*.pyc"))
     again = venv.run(code)  # compiled code, stamp present: nothing of the package is imported
     assert again.returncode == 0 and again.stdout.split() == ["2", "[]"], again.stderr
+    # The line spells the cache folder from the bytes of the environment, as _boot spells it
+    # ($XDG_CACHE_HOME, else os.path.expanduser("~/.cache")): every spelling of the same folder
+    # finds the stamp the first process wrote.
+    home = clean_env()["HOME"]
+    for spelling in ({"XDG_CACHE_HOME": None}, {"XDG_CACHE_HOME": ""},
+                     {"XDG_CACHE_HOME": None, "HOME": home + "/"},
+                     {"XDG_CACHE_HOME": home + "/.cache/"}):
+        same = venv.run(code, env=spelling)
+        assert same.returncode == 0 and same.stdout.split() == ["2", "[]"], (spelling, same)
     # Names that merely contain "PATCH" are not ours: still nothing of the package is imported.
     lookalike = venv.run(code, env={"TORCH_DISPATCH_MODE": "1", "MY_PATCHES": "a"})
     assert lookalike.returncode == 0 and lookalike.stdout.split() == ["2", "[]"], lookalike.stderr
@@ -432,6 +441,57 @@ def test_pth_runs_once_per_process_other_pth_files_as_before_and_without_a_pyc(
     hooked = venv.run("import sys, importpatch._boot as b; print(len(sys.zzz_runs), b._started)",
                       env={"IMPORTPATCH_LOG": "1"})
     assert hooked.stdout.split() == ["2", "True"], hooked.stderr
+
+
+@pytest.mark.parametrize("flags", [["-X", "dev"], ["-W", "error"]])
+def test_the_pth_line_warns_of_nothing_in_dev_mode_or_with_warnings_as_errors(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path, flags: list[str]
+) -> None:
+    # The line reads a .pyc in one expression (it cannot close the file: _pth's code does), and
+    # _pth reads _pth_on's: an unclosed file is a ResourceWarning in dev mode, an "Exception
+    # ignored" with -W error, in every process of the environment.
+    venv = venv_factory(str(built_wheel), name="dev-mode")  # no patch package: a stamp
+    lab = Lab(venv, tmp_path).target(TARGET)
+    code = "import sys; print(sorted(m for m in sys.modules if m.startswith('importpatch')))"
+    for _ in range(2):  # the first process writes the stamp, the second finds it
+        proc = venv.run([*flags, "-c", code])
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.strip() == "[]"  # nothing on: the check alone ran
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    for env in ({}, {"PYTHONWARNINGS": "error"}):  # _pth_on loaded: the hook starts
+        proc = lab.ok(READ, enable="p", flags=flags, env=env)
+        assert proc.stdout.strip() == "patched" and proc.stderr == "", proc.stderr
+
+
+def test_coverage_tracing_the_pth_files_keeps_the_check_and_the_patches(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    # coverage.py's documented way to measure subprocesses is a .pth file that sorts before ours
+    # (`import coverage; coverage.process_startup()`): from there on site processes the other
+    # .pth files under a tracer, which copies a frame's locals to a dict and back at every line
+    # of addpackage, the function whose locals the .pth line executes _pth's code in.
+    venv = venv_factory(str(built_wheel), "coverage", name="coverage-startup")
+    (venv.site_packages / "a1_coverage.pth").write_text(
+        "import coverage; coverage.process_startup()\n")
+    rc = tmp_path / "coveragerc"
+    rc.write_text(f"[run]\ndata_file = {tmp_path / 'cov' / 'data'}\nparallel = true\n")
+    (tmp_path / "cov").mkdir()
+    env = {"COVERAGE_PROCESS_START": str(rc)}
+    code = ("import sys, site; print(site.addpackage.__name__, "
+            "sorted(m for m in sys.modules if m.startswith('importpatch')))")
+    first = venv.run(code, env=env)  # writes the stamp
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    again = venv.run(code, env=env)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert again.stdout.split() == ["_addpackage_once", "[]"]  # nothing on: nothing imported
+    assert len(list((tmp_path / "cov").glob("data.*"))) == 2  # coverage did measure both
+    lab = Lab(venv, tmp_path).target(TARGET)
+    lab.patch({"p.py": "from importpatch import Patch\n"
+                       "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
+    for _ in range(2):  # the first start, then the enabled stamp's wait
+        proc = lab.ok(READ, enable="p", env=env)
+        assert proc.stdout.strip() == "patched" and proc.stderr == "", proc.stderr
 
 
 # Standard-library modules a bare `python -c pass` does not load, which cost the most to import:
@@ -804,20 +864,21 @@ def test_a_declaration_cut_off_by_the_time_limit_is_retried_not_recorded_broken(
     assert proc.stdout.strip() == "patched" and runs() == 4, proc.stderr
 
 
-@pytest.mark.parametrize("broken", ["_boot.py", "config.py"])
+@pytest.mark.parametrize("broken", ["_boot.py", "config.py", "_pth_on.py"])
 def test_patches_enabled_while_importpatch_cannot_load_fail_closed(
     venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path, broken: str
 ) -> None:
     # A reinstall in progress (pip removed or has not yet written a module) or a broken install:
     # the hook cannot start. With patches enabled, the import of what they target fails with the
-    # reason instead of running unpatched with exit 0; unrelated imports still work.
+    # reason instead of running unpatched with exit 0; unrelated imports still work. (_pth_on:
+    # the rest of the .pth line's check, which _pth loads where something may be on.)
     venv = venv_factory(str(built_wheel), name=f"broken-install-{broken[:-3]}")
     lab = Lab(venv, tmp_path).target(TARGET)
     lab.patch({"p.py": "from importpatch import Patch\n"
                        "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"})
     assert lab.ok(READ, enable="p").stdout.strip() == "patched"  # a healthy start first
     module = venv.site_packages / "importpatch" / broken
-    if broken == "_boot.py":
+    if broken in ("_boot.py", "_pth_on.py"):
         module.unlink()  # not there yet
     else:
         module.write_text("raise ImportError('half-written')\n")
