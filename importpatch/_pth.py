@@ -161,8 +161,9 @@ if __name__ != "importpatch._pth":  # executed by the .pth line (imported: nothi
                      "sitedir": sitedir, "stamp": stamp, "size": size}
             try:
                 pyc_dir, _, pyc_tag = p.rpartition("/_pth.")
-                if os.path.exists(pyc_dir + "/_pth_on." + pyc_tag):
-                    with io.open_code(pyc_dir + "/_pth_on." + pyc_tag) as pyc:
+                on_pyc = pyc_dir + "/_pth_on." + pyc_tag
+                if os.path.exists(on_pyc):
+                    with io.open_code(on_pyc) as pyc:
                         exec(marshal.loads(pyc.read()[16:]), scope)  # noqa: S102
                 else:
                     import importpatch._pth_on
