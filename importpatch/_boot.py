@@ -81,7 +81,9 @@ def start(sitedir: str | None = None) -> None:
         if hasattr(builtins, "help") or sys.flags.no_site:  # a call after site's work (or -S)
             activate(start=True)
         else:  # the .pth line, or the .start file: site is still building sys.path
-            sys.meta_path.insert(0, _AfterSite())
+            from importpatch._pth_on import take_slot
+
+            take_slot(_AfterSite())
     except BaseException as exc:  # noqa: BLE001 (start-up must not fail; see the docstring)
         _fail(exc)
 
@@ -92,47 +94,99 @@ def start_waited(site_path: list[str] | None, tops: Iterable[str] = ()) -> None:
     variables where an enabled stamp holds): activate now, as the start would have. Never
     raises (but for a real Ctrl-C, as ``start``); where activation fails, the imports of
     ``tops`` fail closed."""
-    global _started, _waited
+    global _started, _waited, _starting, activated_with
     if _started or activated_with is not None:  # started, or enable() activated it meanwhile
         return
-    _started = _waited = True
+    _started = _waited = _starting = True
     _waited_tops.update(t for t in tops if isinstance(t, str))
     try:
         from importpatch import sites
 
         sites.site_path = site_path if site_path is not None else list(sys.path)
         activate(start=True)
+    except KeyboardInterrupt:
+        # Ctrl-C (or a signal handler) during the start: it goes on as it would without
+        # importpatch, and nothing is decided. The waiting finder keeps its slot, so the next
+        # import of a target (a REPL's, a retry loop's) starts again from here.
+        _started = _waited = False
+        activated_with = None
+        raise
     except BaseException as exc:  # noqa: BLE001 (see start)
         _fail(exc)
+    finally:
+        _starting = False
 
 
-class _AfterSite:
-    """On ``sys.meta_path`` from the ``.pth`` line to the end of site's work: activates at the
-    first import after every site folder and ``.pth`` file was processed (site's import of
-    ``sitecustomize``; site sets ``builtins.help`` just before), then hands that import on."""
+_starting = False  # start_waited is activating (a target imported by patch code meanwhile)
+
+
+def starting() -> bool:
+    """Whether a waited start is in progress (the waiting finder keeps its slot meanwhile)."""
+    return _starting
+
+
+from importpatch._pth_on import Slot as _Slot  # noqa: E402 (loaded by the .pth line: free)
+
+
+class _AfterSite(_Slot):
+    """Holds importpatch's slot on ``sys.meta_path`` (importpatch/_pth_on.py) from the ``.pth``
+    line to the end of site's work: activates at the first import after every site folder and
+    ``.pth`` file was processed (site's import of ``sitecustomize``; site sets
+    ``builtins.help`` just before), which puts the patch finder (or a closed one) in its place,
+    then hands that import on. A ``.pth`` file read after ours that imports a target meets it
+    first: the hook starts there, with the search path as far as site has built it."""
+
+    __slots__ = ()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         import builtins
 
+        from importpatch._pth_on import ask_others, leave_slot
+
+        global _before_site, _after_site_busy
+        if _after_site_busy:
+            return None  # (the imports of the activation below)
         if name not in ("sitecustomize", "usercustomize") and not hasattr(builtins, "help"):
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
+            if not _targets_before_site(name):
+                return None
+            _before_site = True
+        _after_site_busy = True
         try:
             _activate_at_start()
         except BaseException as exc:  # noqa: BLE001
             _fail(exc)
-        # importlib iterates sys.meta_path while this runs: search the finders now in place
-        # (the patch finder first) instead of relying on where its iteration goes on.
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                return spec  # type: ignore[no-any-return]
-        return None
+        leave_slot(self)  # (activation put its finder in this slot; nothing on: still here)
+        return ask_others(self, name, path, target)  # type: ignore[no-any-return]
 
     def invalidate_caches(self) -> None:
         pass
+
+
+def _targets_before_site(name: str) -> bool:
+    """Whether ``name``, imported by a ``.pth`` line before site finished, belongs to a package
+    that a patch may target: the list the hook last wrote for this site folder (what the closed
+    imports use), and ``vllm`` where a variable enables patches. Such an import starts the hook
+    at once instead of running the package's code unpatched."""
+    top = name.partition(".")[0]
+    if top in _early_tops:
+        return True
+    if _early_tops_read:
+        return False
+    _early_tops_read.append(True)
+    env = os.environ
+    if any((env.get(v) or "").strip() for v in (
+            "IMPORTPATCH_ENABLE", "VLLM_IMPORTPATCH_ENABLE", "VLLM_CUSTOM_PATCHES")):
+        _early_tops.add("vllm")
+    if _pth is not None:
+        cache = env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        _early_tops.update(_read_names(targets_path(f"/{cache}/importpatch", _pth[0])))
+    return top in _early_tops
+
+
+_before_site = False  # the hook started at an import a .pth line made: no stamp is written
+_after_site_busy = False  # _AfterSite is activating (it stays in its slot meanwhile)
+_early_tops: set[str] = set()
+_early_tops_read: list[bool] = []
 
 
 def _activate_at_start() -> None:
@@ -181,15 +235,19 @@ def _fails_closed(reason: str) -> set[str]:
     known = {"vllm"} if enabling else set()
     known.update(_waited_tops)
     cache = env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    if _pth is not None:
-        paths = [targets_path(f"/{cache}/importpatch", _pth[0])]
-        if _waited:
-            paths.append(stamp_path(f"/{cache}/importpatch", _pth[1], _pth[2]))
-        for path in paths:
-            known.update(_read_names(path))
+    if _pth is not None:  # (a waited start: the stamp's packages are _waited_tops)
+        known.update(_read_names(targets_path(f"/{cache}/importpatch", _pth[0])))
     known = {t for t in known if t.isidentifier()}
     if known:
-        sys.meta_path.insert(0, _FailsClosed(known, reason))
+        closed = _FailsClosed(known, reason)
+        try:
+            from importpatch._pth_on import take_slot
+
+            if any(type(f).__name__ == "PatchFinder" for f in sys.meta_path):
+                raise LookupError  # a working finder stays: the closed one goes before it
+            take_slot(closed)  # in the waiting finder's (or _AfterSite's) place: kept first
+        except Exception:
+            sys.meta_path.insert(0, closed)
     return known
 
 
@@ -223,8 +281,11 @@ def _read_names(path: str | None) -> list[str]:
         return []
 
 
-class _FailsClosed:
-    """Fails the import of what the enabled patches target: the hook could not start."""
+class _FailsClosed(_Slot):
+    """Fails the import of what the enabled patches target: the hook could not start. Holds
+    the slot (kept first) where no patch finder does."""
+
+    __slots__ = ("known", "reason")
 
     def __init__(self, known: set[str], reason: str) -> None:
         self.known, self.reason = known, reason
@@ -336,7 +397,37 @@ def activate(
 
         installed.check_imported_tops(strict=toggles.strict)
         apply_to_imported(installed.by_module)
+    elif start:
+        _imported_before_start(installed, toggles)
     return installed
+
+
+def _imported_before_start(installed: PatchFinder, toggles: Any) -> None:
+    """At a start: a target already imported (by the interpreter, a ``.pth`` line, discovery
+    itself, patch code) gets late activation's rule: applied in place where that is complete,
+    otherwise a failure every process prints, and under strict mode the Gate stops the next
+    import of any package (what was asked for did not happen). Nothing targeted runs unsaid."""
+    imported = [name for name in installed.by_module if name in sys.modules]
+    if not imported:
+        return  # (the common case: one dict lookup per target module, nothing imported)
+    from importpatch import events
+    from importpatch.install.late import apply_to_imported
+
+    from importpatch.strict import StrictError
+
+    mark = len(events.events())
+    try:
+        installed.check_imported_tops(strict=toggles.strict)
+    except StrictError:
+        pass  # (its Gate stops the next import of that package: the first safe point)
+    apply_to_imported({name: installed.by_module[name] for name in imported})
+    failed = [e for e in events.events()[mark:] if e.get("outcome") == "failed"]
+    if toggles.strict and failed:
+        from importpatch import strict
+
+        strict.install(strict.targeted_tops(installed.entries), [
+            f"patch {e['patch']}: {e['target']} was imported before importpatch started: "
+            f"{e['detail']}" for e in failed], True)
 
 
 def enable(*names: str, environ: dict[str, str] | None = None) -> int:
@@ -501,7 +592,20 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     _, site_key, path_len = _pth
     path = stamp_path(root, site_key, path_len)
     if safefiles.folder(root, "s", "") is not None:
-        safefiles.write_atomic(path, "".join(t + "\n" for t in tops).encode("utf-8"))
+        safefiles.write_atomic(path, stamp_bytes("", "", tops) if tops else b"")
+
+
+def stamp_bytes(text: str, watched: str, tops: list[str]) -> bytes:
+    """A listing or enabled stamp: the variables' text ("" for patches on by default), the
+    watched paths' signature lines, ``sys.path`` as site left it here, the packages to wait for,
+    each NUL-separated, then the check of all of it (importpatch/_pth_on.py reads it: a waiting
+    process whose sys.path differs starts at once)."""
+    from importpatch import sites
+    from importpatch._pth_on import stamp_check
+
+    body = "\0".join((text, watched, "\n".join(sites.site_path or ()), " ".join(tops))).encode(
+        "utf-8", "surrogateescape")
+    return body + b"\0" + stamp_check(body)
 
 
 def _site_key_covers() -> bool:
@@ -512,8 +616,8 @@ def _site_key_covers() -> bool:
     from importpatch import sites
     from importpatch.discover import catalog
 
-    if _pth is None:
-        return False
+    if _pth is None or _before_site:
+        return False  # (a start before site finished: the search path is not whole yet)
     sitedir, site_key, path_len = _pth
     site_path = sites.site_path or []
     if len(site_path) != path_len or sites.user_site_if_enabled() not in (None, *site_path):
@@ -595,7 +699,7 @@ def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) 
         return  # a path changed within the clock's resolution: its next change may not show
     body = "".join(f"{m} {c} {s} {i}\t{p}\n"
                    for (m, c, s, i), p in zip(sig, index.watched, strict=True))
-    data = f"{text}\0{body}\0{' '.join(tops)}".encode("utf-8", "surrogateescape")
+    data = stamp_bytes(text, body, tops)
     path = os.path.join(root, "s", enabled_stamp_name(_pth[1], _pth[2], text))
     if safefiles.folder(root, "s", "") is None or safefiles.read_owned(path) == data:
         return

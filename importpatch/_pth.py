@@ -54,10 +54,10 @@ FAILS_CLOSED = r'''if 1:
         environ = os.environ
         known = set(tops)
         if size > 0 and not known:
-            try:
+            try:  # the listing stamp's packages (its last field but the check: _pth_on)
                 with open(stamp, "rb") as f:
-                    known.update(t for t in f.read().decode("utf-8", "replace").split()
-                                 if t.isidentifier())
+                    listed = f.read().decode("utf-8", "replace").split("\0")[-2:-1]
+                known.update(t for t in "".join(listed).split() if t.isidentifier())
             except (OSError, ValueError):
                 pass
         if any((environ.get(v) or "").strip() for v in (
@@ -157,14 +157,20 @@ if __name__ != "importpatch._pth":  # executed by the .pth line (imported: nothi
         if size != 0:
             # Something may be on: the rest of the check, compiled as this module is (or
             # imported).
-            scope = {"__name__": "importpatch._pth_on", "os": os, "sys": sys,
-                     "sitedir": sitedir, "stamp": stamp, "size": size}
+            # Executed as the module importpatch._pth_on (registered: the hook's finders and
+            # the MetaPath they keep first are its classes, one set in the process).
+            on_module = type(sys)("importpatch._pth_on")
+            scope = on_module.__dict__
+            scope.update(os=os, sys=sys, sitedir=sitedir, stamp=stamp, size=size)
             try:
                 pyc_dir, _, pyc_tag = p.rpartition("/_pth.")
                 on_pyc = pyc_dir + "/_pth_on." + pyc_tag
                 if os.path.exists(on_pyc):
                     with io.open_code(on_pyc) as pyc:
+                        scope["__file__"] = pyc_dir.rpartition("/")[0] + "/_pth_on.py"
+                        scope["__package__"] = "importpatch"
                         exec(marshal.loads(pyc.read()[16:]), scope)  # noqa: S102
+                    sys.modules.setdefault("importpatch._pth_on", on_module)
                 else:
                     import importpatch._pth_on
 

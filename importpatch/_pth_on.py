@@ -48,66 +48,24 @@ def on(sitedir: str, stamp: bytes | None, size: int, fails_closed_text: str,
     if off is not None and off.strip().lower() in ("1", "true", "yes", "on"):
         return
     tops: frozenset = frozenset()  # type: ignore[type-arg]
-    if stamp is not None:
-        if size > 0:
-            try:
+    site_path_text = None
+    try:
+        if stamp is not None:
+            if size > 0:  # patches on by default only: the listing stamp (its checks: _pth's)
                 with open(stamp, "rb") as f:
-                    tops = frozenset(f.read().decode("utf-8", "replace").split())
-            except OSError:
-                pass  # unreadable: start the hook (below) rather than wait for nothing
-            if not all(top.isidentifier() for top in tops):
-                tops = frozenset()  # not what _boot writes: start the hook, as above
-    else:
-        # Patches on by variables: wait in the same way where _boot wrote an enabled stamp for
-        # exactly these variables (its WAIT_VARS, enabled_key, enabled_stamp_name) and every
-        # path its index watched still has the signature written there. Any doubt, any error:
-        # start the hook (below).
-        try:
-            tops = _enabled_tops(sitedir, environ)
-        except Exception:  # never the caller's silence: the hook must start
-            tops = frozenset()
-
+                    fields = stamp_fields(f.read())
+                if fields is not None and not fields[0] and not fields[1]:
+                    _, _, site_path_text, tops = fields
+        else:
+            # Patches on by variables: wait in the same way where _boot wrote an enabled stamp
+            # for exactly these variables (its WAIT_VARS, enabled_key, enabled_stamp_name) and
+            # every path its index watched still has the signature written there.
+            site_path_text, tops = _enabled_tops(sitedir, environ)
+    except Exception:  # any doubt, any error: never the caller's silence, the hook starts
+        tops = frozenset()
     if tops:
-
-        class _ImportpatchWaits:
-            """Starts the hook at the first import of a package in ``tops``."""
-
-            site_path = None
-
-            def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-                if name in ("sitecustomize", "usercustomize") and self.site_path is None:
-                    self.site_path = list(sys.path)  # sys.path as site left it
-                if name.partition(".")[0] not in tops:
-                    return None
-                if self in sys.meta_path:
-                    sys.meta_path.remove(self)
-                try:
-                    # The installed importpatch, as a start at the .pth line would load it: by
-                    # now sys.path may begin with the script's (or working) folder, where a
-                    # checkout of importpatch must not stand in for it.
-                    sys.path.insert(0, sitedir)
-                    try:
-                        import importpatch._boot
-                    finally:
-                        if sys.path and sys.path[0] == sitedir:
-                            del sys.path[0]
-
-                    importpatch._boot.start_waited(self.site_path, tops)
-                except Exception as exc:
-                    fails_closed(exc, tops)  # raises ImportError
-                # importlib iterates sys.meta_path while this runs: ask the finders now in
-                # place (the patch finder first).
-                for finder in list(sys.meta_path):
-                    find = getattr(finder, "find_spec", None)
-                    spec = find(name, path, target) if find is not None else None
-                    if spec is not None:
-                        return spec
-                return None
-
-            def invalidate_caches(self):  # type: ignore[no-untyped-def]
-                pass
-
-        sys.meta_path.insert(0, _ImportpatchWaits())
+        waits = _ImportpatchWaits(sitedir, tops, site_path_text, fails_closed)
+        take_slot(waits)
         return
     try:
         import importpatch._boot
@@ -117,8 +75,9 @@ def on(sitedir: str, stamp: bytes | None, size: int, fails_closed_text: str,
     importpatch._boot.start(sitedir)
 
 
-def _enabled_tops(sitedir: str, environ: object) -> frozenset:  # type: ignore[type-arg]
-    """The packages the enabled stamp for these variables lists, where it holds; else empty."""
+def _enabled_tops(sitedir: str, environ: object) -> "tuple[str | None, frozenset[str]]":
+    """(sys.path as the writer had it, the packages) the enabled stamp for these variables lists,
+    where it holds; else (None, empty)."""
     data = getattr(environ, "_data", None)
     # (os.environ decodes in Python at every access: the bytes it holds, filtered)
     items = sorted(
@@ -130,7 +89,7 @@ def _enabled_tops(sitedir: str, environ: object) -> frozenset:  # type: ignore[t
     if not all(k.removeprefix("VLLM_") in (
             "IMPORTPATCH_ENABLE", "IMPORTPATCH_DISABLE", "IMPORTPATCH_PATH",
             "IMPORTPATCH_CACHE_DIR") for k, _ in items):
-        return frozenset()
+        return None, frozenset()
     text = "".join(f"{k}={v}\n" for k, v in items)
     raw = environ.get("IMPORTPATCH_CACHE_DIR")  # type: ignore[attr-defined]  # config.get's rule
     if raw is None:
@@ -149,15 +108,15 @@ def _enabled_tops(sitedir: str, environ: object) -> frozenset:  # type: ignore[t
     for folder in (root, root + "/s"):
         st = os.lstat(folder)
         if st.st_uid != uid or st.st_mode & 0o170022 != 0o040000:
-            return frozenset()
+            return None, frozenset()
     st = os.lstat(stamp)
     if st.st_uid != uid or st.st_mode & 0o170000 != 0o100000:
-        return frozenset()
+        return None, frozenset()
     with open(stamp, "rb") as f:
-        env, _, rest = f.read().decode("utf-8", "surrogateescape").partition("\0")
-    watched, _, listed = rest.partition("\0")
-    if env != text or not listed:
-        return frozenset()
+        fields = stamp_fields(f.read())
+    if fields is None or fields[0] != text:
+        return None, frozenset()
+    _, watched, site_path_text, tops = fields
     for line in watched.splitlines():
         sig, _, path = line.partition("\t")
         try:
@@ -166,6 +125,171 @@ def _enabled_tops(sitedir: str, environ: object) -> frozenset:  # type: ignore[t
         except OSError:
             now = "-1 -1 -1 -1"
         if now != sig:
-            return frozenset()
-    tops = frozenset(listed.split())
-    return tops if all(top.isidentifier() for top in tops) else frozenset()
+            return None, frozenset()
+    return site_path_text, tops
+
+
+# The check of a stamp's whole body: a number the body's bytes give in C (no import, no loop in
+# Python). A truncated, extended or flipped body fails it, so the list of packages a process
+# waits for is never a part of the one written (a torn write, a full disk, a stray editor).
+STAMP_CHECK = (1 << 61) - 1
+
+
+def stamp_check(body: bytes) -> bytes:
+    return b"%d" % (int.from_bytes(body, "little") % STAMP_CHECK)
+
+
+def stamp_fields(data: bytes) -> "tuple[str, str, str, frozenset[str]] | None":
+    """The fields of a listing or enabled stamp (``_boot.stamp_bytes`` writes both): the
+    variables' text ("" in a listing stamp), the watched paths' signature lines, ``sys.path``
+    as site left it in the writer (one entry per line), the packages to wait for; None where
+    the body fails its check or is not of that shape."""
+    body, sep, check = data.rpartition(b"\0")
+    if not sep or check != stamp_check(body):
+        return None
+    fields = body.decode("utf-8", "surrogateescape").split("\0")
+    if len(fields) != 4:
+        return None
+    tops = frozenset(fields[3].split())
+    if not tops or not all(top.isidentifier() for top in tops):
+        return None
+    return fields[0], fields[1], fields[2], tops
+
+
+# --- The hook's slot on sys.meta_path (one implementation for every way the hook starts) ---
+#
+# Invariants:
+# - From the .pth line on, exactly one of importpatch's hook finders holds "the slot": the
+#   waiting finder (a stamp says what to wait for), ``_boot._AfterSite`` (site is still building
+#   sys.path) or the started ``PatchFinder``. Each is a ``Slot``; one replaces another in place
+#   (``take_slot``), so there is no moment with none, whatever is raised in between.
+# - ``sys.meta_path`` is a ``MetaPath`` from then on: the slot stays ahead of every finder that
+#   is not importpatch's own, whenever that was inserted (typeguard, pytest's assertion
+#   rewriting, a user's finder at index 0), in every timing of the start. (A program that
+#   replaces the list object itself, ``sys.meta_path = [...]``, escapes this: docs/limits.md.)
+# - The waiting finder leaves the slot only for a started hook: a failure of the start (any
+#   BaseException) leaves it in place, failing the imports of what it waits for closed; a
+#   KeyboardInterrupt goes on as it would without importpatch, and the next import starts again.
+
+
+class Slot:
+    """A finder that holds importpatch's slot on ``sys.meta_path`` (see above)."""
+
+    __slots__ = ()
+
+
+class MetaPath(list):  # type: ignore[type-arg]
+    """``sys.meta_path`` once importpatch holds a slot on it: the first ``Slot`` stays ahead of
+    every finder that is not importpatch's own; the others keep their order."""
+
+    __slots__ = ()
+
+    def insert(self, index: "Any", finder: "Any") -> None:
+        list.insert(self, index, finder)
+        self.keep_first()
+
+    def __setitem__(self, index: "Any", value: "Any") -> None:
+        list.__setitem__(self, index, value)
+        self.keep_first()
+
+    def keep_first(self) -> None:
+        for i, finder in enumerate(self):
+            if isinstance(finder, Slot):
+                return
+            if not type(finder).__module__.startswith("importpatch."):
+                for j in range(i + 1, len(self)):
+                    if isinstance(self[j], Slot):
+                        list.insert(self, i, list.pop(self, j))
+                        return
+                return
+
+
+def take_slot(finder: Slot) -> None:
+    """Put ``finder`` in importpatch's slot: in place of the Slot there (one list assignment),
+    else first; ``sys.meta_path`` becomes a ``MetaPath`` where it is not one."""
+    meta_path = sys.meta_path
+    if not isinstance(meta_path, MetaPath):
+        meta_path = sys.meta_path = MetaPath(meta_path)
+    for i, existing in enumerate(meta_path):
+        if isinstance(existing, Slot):
+            meta_path[i] = finder
+            return
+    meta_path.insert(0, finder)
+
+
+def leave_slot(finder: Slot) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+
+
+def ask_others(me: object, name: str, path: "Any", target: "Any") -> "Any":
+    """The spec the finders now on sys.meta_path give, ``me`` left out: importlib iterates
+    sys.meta_path while a finder runs, so one that changed the list asks them itself."""
+    for finder in list(sys.meta_path):
+        if finder is me:
+            continue
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, path, target) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+class _ImportpatchWaits(Slot):
+    """Holds the slot until the first import of a package in ``tops`` (or a reason to start
+    sooner), then starts the hook there, before that package's code runs."""
+
+    __slots__ = ("sitedir", "tops", "recorded", "fails_closed", "site_path", "failed")
+
+    def __init__(self, sitedir: str, tops: "frozenset[str]", recorded: "str | None",
+                 fails_closed: "Any") -> None:
+        self.sitedir, self.tops, self.recorded = sitedir, tops, recorded
+        self.fails_closed = fails_closed
+        self.site_path: "list[str] | None" = None
+        self.failed: "BaseException | None" = None
+
+    def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        if name in ("sitecustomize", "usercustomize") and self.site_path is None:
+            self.site_path = list(sys.path)  # sys.path as site left it
+            # Start now where the stamp cannot be believed for this process: sys.path is not
+            # the one it was written for (a later .pth import line added a folder, which may
+            # hold a patch on by default), or a package it lists is imported already (by a
+            # .pth): the start then applies what it can late and names the rest.
+            if "\n".join(self.site_path) != self.recorded or any(
+                    top in sys.modules for top in self.tops):
+                self.start()
+                return ask_others(self, name, path, target)
+            return None
+        if name.partition(".")[0] not in self.tops:
+            return None
+        self.start()
+        return ask_others(self, name, path, target)
+
+    def start(self) -> None:
+        if self.failed is not None:  # the start failed before: closed, as it said then
+            raise ImportError(f"importpatch cannot load ({type(self.failed).__name__}: "
+                              f"{self.failed}); imports of {', '.join(sorted(self.tops))} "
+                              "fail closed")
+        try:
+            # The installed importpatch, as a start at the .pth line would load it: by now
+            # sys.path may begin with the script's (or working) folder, where a checkout of
+            # importpatch must not stand in for it.
+            sys.path.insert(0, self.sitedir)
+            try:
+                import importpatch._boot
+            finally:
+                if sys.path and sys.path[0] == self.sitedir:
+                    del sys.path[0]
+            importpatch._boot.start_waited(self.site_path, self.tops)
+        except KeyboardInterrupt:
+            raise  # in place still: the next import starts again (start_waited allows it)
+        except BaseException as exc:  # noqa: BLE001 (a start that failed fails closed)
+            self.failed = exc
+            self.fails_closed(exc, self.tops)  # raises ImportError
+        # Started (the PatchFinder took the slot), or activation decided nothing is on, or
+        # failed and put its own closed finder in place: the waiting is over.
+        if not importpatch._boot.starting():
+            leave_slot(self)
+
+    def invalidate_caches(self) -> None:
+        pass

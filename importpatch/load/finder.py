@@ -40,6 +40,8 @@ from __future__ import annotations
 import os
 import sys
 
+from importpatch import _pth_on  # (the .pth line registered it: no import at a start)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from importpatch.install.activation import ModulePlan
 
 
-class PatchFinder:
+class PatchFinder(_pth_on.Slot):
     """Finds the modules targeted by enabled patches; see the module docstring."""
 
     def __init__(self, entries: list[Entry]) -> None:
@@ -117,8 +119,8 @@ class PatchFinder:
                 ) -> tuple[ModuleSpec | None, Any]:
         """The first spec another finder returns, and that finder."""
         for finder in list(sys.meta_path):
-            if finder is self or isinstance(finder, PatchFinder):
-                continue
+            if finder is self or isinstance(finder, _pth_on.Slot):
+                continue  # (importpatch's own: this finder, or one that waits or fails closed)
             find = getattr(finder, "find_spec", None)
             if find is None:
                 continue
@@ -685,35 +687,9 @@ def closed_error(exc: BaseException, patch: str, module: str, file: str | None
 # -- The finder on sys.meta_path ------------------------------------------------------------------
 
 
-class MetaPath(list):  # type: ignore[type-arg]
-    """``sys.meta_path`` once a PatchFinder is on it: the PatchFinder stays ahead of every finder
-    that is not importpatch's own, whenever that was inserted (typeguard's import hook, pytest's
-    assertion rewriting, a user's finder at index 0), so it is asked first for a targeted module
-    and asks them in turn (see the module docstring). Only the PatchFinder moves; the others keep
-    their order. (A program that replaces the list object itself, ``sys.meta_path = [...]``,
-    escapes this.)"""
-
-    __slots__ = ()
-
-    def insert(self, index: Any, finder: Any) -> None:
-        list.insert(self, index, finder)
-        self.keep_first()
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        list.__setitem__(self, index, value)
-        self.keep_first()
-
-    def keep_first(self) -> None:
-        for i, finder in enumerate(self):
-            if isinstance(finder, PatchFinder):
-                break
-            if not type(finder).__module__.startswith("importpatch."):
-                ahead = i
-                for j in range(i + 1, len(self)):
-                    if isinstance(self[j], PatchFinder):
-                        list.insert(self, ahead, list.pop(self, j))
-                        return
-                return
+# The slot on sys.meta_path and the list that keeps it first: one implementation for every way
+# the hook starts (the waiting finder, _AfterSite, this finder), in importpatch/_pth_on.py.
+MetaPath = _pth_on.MetaPath
 
 
 def installed() -> PatchFinder | None:
@@ -727,16 +703,11 @@ def install(entries: list[Entry]) -> PatchFinder:
     """Put a finder for ``entries`` first on sys.meta_path, replacing ours if present (idempotent:
     the .pth runs twice in venvs on some Pythons); sys.meta_path becomes a ``MetaPath``."""
     finder = PatchFinder(entries)
-    if not isinstance(sys.meta_path, MetaPath):
-        sys.meta_path = MetaPath(sys.meta_path)
-    for i, existing in enumerate(sys.meta_path):
-        if isinstance(existing, PatchFinder):
-            sys.meta_path[i] = finder
-            return finder
-    sys.meta_path.insert(0, finder)
+    _pth_on.take_slot(finder)  # in place of the finder there: no moment without one
     return finder
 
 
 def uninstall() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PatchFinder)]
+    """Nothing is on: no finder of importpatch's holds the slot (nor waits, nor fails closed)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _pth_on.Slot)]
 
