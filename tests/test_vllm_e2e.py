@@ -289,7 +289,8 @@ def test_default_on_patch_waits_for_vllm_so_other_processes_start_at_the_floor(
     assert "'importpatch._boot'" in run(PROBE)  # first process: the hook decides, writes a stamp
     found = list((xdg / "importpatch" / "s").iterdir())
     stamps = [p for p in found if not p.name.startswith("t-")]
-    assert [p.read_text() for p in stamps] == ["vllm\n"]
+    # the packages to wait for, after sys.path as site left it; then the check of the body
+    assert [p.read_bytes().split(b"\0")[-2] for p in stamps] == [b"vllm"]
     # beside it, the targets a start that cannot load importpatch fails closed on (mid-reinstall)
     assert [p.read_text() for p in found if p.name.startswith("t-")] == ["vllm\n"]
     # every later process without vLLM: nothing but the .pth line's own code
