@@ -493,7 +493,8 @@ def _run(
     if unknown:
         raise UsageError(
             f"unknown patch name(s): {', '.join(unknown)}" + did_you_mean(unknown, known),
-            f"known: {', '.join(sorted(known)) or '(none)'}; see 'importpatch list'",
+            f"{where_looked(toggles, entries)}; known: {', '.join(sorted(known)) or '(none)'}; "
+            "see 'importpatch list'",
         )
     src = source if source is not None else open_source(against)
     checker = _Checker(src)
@@ -524,7 +525,8 @@ def _run(
             results.append(PatchResult(
                 name, "unknown", "", True, f"named in {config.ENABLE}", False, [], status=FAIL,
                 problems=["no patch of this name is discovered here"
-                          + did_you_mean([name], known)]))
+                          + did_you_mean([name], known)],
+                suggestion=where_looked(toggles, entries)))
     unchecked = sorted({e.name for e in entries} - {e.name for e in chosen})
     return Report(src, results, conflicts, chains, scope, unchecked,
                   list(toggles.choice_problems))
@@ -545,6 +547,20 @@ def _installed_tops(name: str) -> list[str]:
     tops = {str(f).replace("\\", "/").partition("/")[0].removesuffix(".py")
             for f in dist.files or () if str(f).endswith(".py")}
     return sorted(t for t in tops if t.isidentifier())
+
+
+def where_looked(toggles: config.Toggles, entries: Sequence[Any]) -> str:
+    """Where discovery looked for patches (catalog.py's three sources), and what makes one
+    found: said with an unknown name, which is most often a folder or package not set up."""
+    packages = sorted({str(e.source).partition(" = ")[2].partition(":")[0].partition(".")[0]
+                       for e in entries if e.origin == "entry-point"} - {""})
+    builtin = sum(e.origin == "builtin" for e in entries)
+    folders = (f"the {config.PATH} folders ({', '.join(toggles.path)})" if toggles.path
+               else f"no {config.PATH} folder ({config.PATH} is not set)")
+    eps = (f"the entry points of group {catalog.GROUP} ({', '.join(packages)})" if packages
+           else f"the entry points of group {catalog.GROUP} (no installed package has one)")
+    return (f"looked in: {builtin} built-in patch(es), {folders}, {eps}; a patch file is found "
+            f"with {config.PATH}=<its folder>, a patch package once it is pip-installed here")
 
 
 def did_you_mean(names: Sequence[str], known: Iterable[str]) -> str:

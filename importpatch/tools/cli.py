@@ -122,7 +122,7 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from importpatch.tools.packages import UsageError
@@ -1432,6 +1432,31 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, f"see '{self.prog} --help'")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # A mistyped choice gets the nearest one (argparse's suggest_on_error is 3.14+ only).
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        if isinstance(action, argparse._SubParsersAction):
+            raise UsageError(f"unknown command {value!r}" + _close(value, choices, " - "),
+                             f"the commands are {', '.join(choices)}; see 'importpatch --help'")
+        raise argparse.ArgumentError(
+            action, f"invalid choice: {value!r} (choose from {', '.join(map(str, choices))})"
+            + _close(str(value), [str(c) for c in choices]))
+
+
+def _close(word: str, pool: Iterable[str], sep: str = "; ") -> str:
+    """``"; did you mean 'x'?"`` with the entry of ``pool`` nearest ``word`` (difflib, as pip
+    does), or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(pool), n=1)
+    return f"{sep}did you mean {close[0]!r}?" if close else ""
+
+
+def _options_of(p: argparse.ArgumentParser) -> list[str]:
+    return [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+
 
 def _note(text: str) -> None:
     sys.stderr.write("".join(f"{s}\n" for s in fit(f"importpatch: {text}")))
@@ -1581,10 +1606,22 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             "-h", "--help", "--traceback")]
         if unknown and "COMMAND" in str(exc):
             raise UsageError(
-                f"unknown option {unknown[0]}",
+                f"unknown option {unknown[0]}" + _close(unknown[0].split("=", 1)[0],
+                                                        _options_of(p)),
                 "the options before COMMAND are --traceback and --help; a command's own options "
                 "come after it (see 'importpatch --help', 'importpatch COMMAND --help')",
             ) from None
+        if str(exc).startswith("unrecognized arguments:"):
+            # A mistyped option of the command: the nearest option it has (or the top level's).
+            command = next((a for a in argv if a in commands), None)
+            sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+            pool = _options_of(p) + (_options_of(sub.choices[command]) if command else [])
+            for arg in argv:
+                option = arg.split("=", 1)[0]
+                if option.startswith("-") and option not in pool and (close := _close(
+                        option, pool)):
+                    where = f"importpatch {command} --help" if command else "importpatch --help"
+                    raise UsageError(f"{exc}{close}", f"see '{where}'") from None
         raise
 
 
