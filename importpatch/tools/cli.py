@@ -816,7 +816,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     patches: dict[str, dict[str, int]] = {}
     for proc in procs.values():
         seen: set[str] = set()
-        for ev in proc["events"]:
+        for ev in distinct_failures(proc["events"]):
             if ev["outcome"] in (STARTED, "unknown", "missing"):  # those: in "requested"
                 continue
             tally = patches.setdefault(
@@ -829,16 +829,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             if ev["outcome"] == "applied" and ev["patch"] not in seen:
                 seen.add(ev["patch"])
                 tally["processes"] += 1
-    requested = requested_fates(procs)
+    defaults: dict[str, dict[str, Any]] = {}
+    requested = requested_fates(procs, defaults)
     never = sorted(n for n, r in requested.items() if not r["applied_anywhere"])
     if args.json:
         emit_json({"events_dir": os.path.abspath(folder), "processes": roots,
                    "patches": patches, "requested": requested, "never_applied": never,
+                   "defaults_not_applied": defaults,
                    "drift": [{"patch": p, "detail": d} for p, d in drift_events(procs)],
                    "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
-    n_events = sum(ev["outcome"] != STARTED for p in procs.values() for ev in p["events"])
+    n_events = sum(ev["outcome"] != STARTED for p in procs.values()
+                   for ev in distinct_failures(p["events"]))
     lines = [f"{folder}: {len(procs)} process(es), {n_events} event(s)"]
     for root in roots:
         lines += _proc_lines(root, 0, style)
@@ -852,6 +855,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines += ["", style.status("fail", "requested but never applied anywhere:")]
         for name in never:
             r = requested[name]
+            fates = ", ".join(f"{FATES[f]} in {n}" for f, n in r["fates"].items())
+            lines.append(f"    {name}: {fates}" + (f" ({r['detail']})" if r["detail"] else ""))
+    if defaults:  # nobody asked for these: not "requested", but their target was not found
+        lines += ["", style.status("warn", "on by default (not requested), never applied:")]
+        for name, r in defaults.items():
             fates = ", ".join(f"{FATES[f]} in {n}" for f, n in r["fates"].items())
             lines.append(f"    {name}: {fates}" + (f" ({r['detail']})" if r["detail"] else ""))
     drift = drift_events(procs)
@@ -888,21 +896,49 @@ FATES = {
 }
 
 
-def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def distinct_failures(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A process's events with each failure once: a patch that fails on one module for one
+    reason is one failure, however many recorders wrote it (the loader and the finder both did)
+    or however often the import was tried again. Keyed (patch, module, reason)."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for ev in events:
+        if ev["outcome"] == "failed":
+            key = (ev["patch"], ev["target"], ev["detail"])
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(ev)
+    return out
+
+
+def requested_fates(procs: dict[tuple[str, int], dict[str, Any]],
+                    defaults: dict[str, dict[str, Any]] | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """Per patch name requested by name in some process (its "started" line's ``requested``),
-    or with an ``unknown`` or ``missing`` event: ``{"applied_anywhere": bool, "fates": {fate:
-    number of processes}, "detail": str}`` (the fates of FATES; ``detail``: the last unknown or
-    missing event's text, with its "did you mean")."""
+    or with an ``unknown`` event: ``{"applied_anywhere": bool, "fates": {fate: number of
+    processes}, "detail": str}`` (the fates of FATES; ``detail``: the last unknown or missing
+    event's text, with its "did you mean"). A patch nobody named (on by default) whose target
+    module was missing is not requested: it goes in ``defaults``, rows of the same shape."""
     out: dict[str, dict[str, Any]] = {}
     for proc in procs.values():
+        # Every name asked for in this process, whichever "started" line said it: a missing
+        # target looked up before a later line must not turn a requested name into a default.
+        started = [ev for ev in proc["events"] if ev["outcome"] == STARTED]
+        asked = {n for ev in started for n in ev.get("requested") or ()}
+        says_asked = any("requested" in ev for ev in started)  # older lines do not
         names: set[str] = set()
         on: set[str] = set()
         by_name: dict[str, set[str]] = {}
         failed_detail: dict[str, str] = {}
+        unasked: dict[str, str] = {}  # a default's missing target: name -> its detail
         for ev in proc["events"]:
             if ev["outcome"] == STARTED:
                 names.update(ev.get("requested") or ())
                 on.update(ev.get("on") or ())
+                continue
+            if ev["outcome"] == "missing" and says_asked and ev["patch"] not in asked:
+                unasked[ev["patch"]] = ev["detail"]
                 continue
             fate = ("version" if ev["outcome"] == "skipped" and ev["how"] == "version"
                     else ev["outcome"])
@@ -924,6 +960,21 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, d
             if fate == "failed" and name in failed_detail:
                 row["detail"] = failed_detail[name]
             row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
+        for name, detail in unasked.items():
+            fates = by_name.get(name, set()) | {"missing"}
+            fate = next(f for f in FATES if f in fates)
+            row = (defaults if defaults is not None else {}).setdefault(
+                name, {"applied_anywhere": False, "fates": {}, "detail": detail})
+            row["fates"][fate] = row["fates"].get(fate, 0) + 1
+            row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
+    if defaults is not None:
+        for name in [n for n, r in defaults.items() if r["applied_anywhere"] or n in out]:
+            del defaults[name]  # applied somewhere, or asked for elsewhere (listed there)
+        for row in defaults.values():
+            row["fates"] = {f: row["fates"][f] for f in FATES if f in row["fates"]}
+        ordered = dict(sorted(defaults.items()))
+        defaults.clear()
+        defaults.update(ordered)
     for row in out.values():
         row["fates"] = {f: row["fates"][f] for f in FATES if f in row["fates"]}
     return dict(sorted(out.items()))
@@ -1044,7 +1095,7 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
     started = [ev for ev in proc["events"] if ev["outcome"] == STARTED]
     if len(started) == len(proc["events"]):
         lines.append(f"{indent}  nothing applied here; hook active ({started[-1]['detail']})")
-    for ev in proc["events"]:
+    for ev in distinct_failures(proc["events"]):
         if ev["outcome"] == STARTED:
             continue
         outcome = style.status(ev["outcome"])
