@@ -370,7 +370,7 @@ class _Checker:
             elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is free"
             else:
-                result.status, result.detail = WARN, v.why
+                result.status, result.detail = WARN, _hidden_risk(op, v)
         elif op.kind == SET and v.state != bindings.BOUND:
             # set replaces or adds (setattr, importpatch.integrations.compat): only the owner class
             # must be there
@@ -396,7 +396,7 @@ class _Checker:
             if close:
                 result.detail += f"; did you mean {close}?"
         else:
-            result.status, result.detail = WARN, v.why
+            result.status, result.detail = WARN, _hidden_risk(op, v)
 
     @staticmethod
     def _class_problem(op: declare.Op, v: Any) -> str:
@@ -434,6 +434,32 @@ class _Checker:
         except Exception:  # a hint only
             return ""
         return bindings.inherited_advice(module, qual, where) if where else ""
+
+
+def _hidden_risk(op: declare.Op, v: Any) -> str:
+    """A warning that a hidden binder (bindings.hidden_binders: setattr(), globals(), __dict__,
+    import *, ...) may bind the target, with what that risks here and what makes it go away: a
+    warning that says neither is noise (issue 36)."""
+    from importpatch.rewrite import bindings
+
+    if v.state != bindings.UNKNOWN or " may " not in v.why:  # hidden binders' words: "may ..."
+        return str(v.why)
+    assert op.qualname is not None
+    name = op.qualname.rpartition(".")[2]
+    if op.kind == ADD:
+        risk = (f"if it sets {name!r} at run time, the import fails ('{name} already exists: "
+                "use replace') where that ran first, or the added member is replaced or hidden "
+                "(setattr(self, ...): an instance attribute) where it runs later")
+        fix = (f"if the call never sets {name!r}, ignore it; a replace of a member the source "
+               "binds has no such warning")
+    else:
+        risk = ("the source shows no definition site, so the import patches what the module "
+                "holds after it ran: a copy made meanwhile is not re-bound, and the landing "
+                "analysis cannot see it")
+        fix = (f"if the call never sets {name!r}, ignore it; a {op.kind} of the name where the "
+               "module defines it (its def, class or assignment) has no such warning")
+    return (f"{v.why}: {risk}. check cannot run the module to tell; it stays a warning (exit "
+            f"status 0) that no option hides: {fix}")
 
 
 def _is_plain_value(obj: Any) -> bool:
