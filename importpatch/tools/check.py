@@ -50,8 +50,9 @@ from importpatch.rewrite import diffs
 from importpatch.tools.packages import InstalledSource, Source, UsageError, open_source
 from importpatch.tools.sideeffects import compiled_warnings
 
-OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
-ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
+# The verdict words, shared with list, doctor and status (ALREADY_APPLIED: every hunk's new side
+# is already there, upstream).
+from importpatch.tools.verdicts import ABSENT, ALREADY_APPLIED, FAIL, OK, SKIP, WARN
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
@@ -643,15 +644,16 @@ def _check_entry(
     if len(sources) > 1:
         result.problems.append(f"the name {entry.name!r} is declared {len(sources)} times: "
                                + ", ".join(sources))
-    from importpatch.discover.catalog import in_place_note, in_place_only
+    from importpatch.tools import verdicts
 
-    if entry.error and in_place_only(entry) and not toggles.strict:
+    word, why = verdicts.declared(entry, toggles.strict)
+    if word == OK:
         # The blog post's layout (its patch module imports the target): it applies, in place.
         # Checking its operations would import the target: not here.
-        result.warnings.append(in_place_note(entry))
+        result.warnings.append(why)
         return result, []
-    if entry.error:
-        result.problems.append(f"the declaration does not load: {entry.error}")
+    if word == FAIL:
+        result.problems.append(why)
         result.status = FAIL
         return result, []
     src = checker.source

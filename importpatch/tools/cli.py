@@ -35,7 +35,10 @@ list:   {"patches": [{"name", "kinds": [str], "targets": [str],
                       "origin": "builtin"|"folder"|"entry-point"|"api", "source",
                       "enabled": bool, "why", "default": bool, "requires": [str],
                       "requirement_ok": bool, "requirement", "doc", "error": str|null,
-                      "declared_in": [str], "ops": [{"kind", "target", "order": int,
+                      "declared_in": [str], "verdict": "ok"|"fail"|null (check's word, where
+                      the declaration alone decides it: tools/verdicts.py),
+                      "warnings": [str] (an in-place patch package's, as check says it),
+                      "ops": [{"kind", "target", "order": int,
                       "decorated": bool, "original": bool}]}],
          "chains": [CHAIN], "problems": [str]}
          CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace,
@@ -74,9 +77,12 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
-         "failed": int, "processes": int}}, "bad_lines": int,
+         "failed": int, "rebound": int, "processes": int,
+         "verdict": "ok"|"fail"|"skip"|null}}, "bad_lines": int,
          "requested": {name: {"applied_anywhere": bool, "fates": {FATE: int (processes)},
                               "detail"}}, "never_applied": [name],
+         "defaults_not_applied": {name: {as in requested}} (on by default, not requested: a
+                                 target module missing, applied nowhere),
          "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said)}
          FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
          (a started event also has "requested" and "on": [name])
@@ -194,7 +200,7 @@ ORIGINS = {"builtin": "built-in", "folder": "folder", "entry-point": "entry poin
 def cmd_list(args: argparse.Namespace) -> int:
     from importpatch import _boot, config, versions
     from importpatch.discover import catalog
-    from importpatch.tools import check, packages
+    from importpatch.tools import check, packages, verdicts
 
     toggles = config.read()
     installed = packages.InstalledSource()  # versions from metadata, else __version__ in the source
@@ -208,12 +214,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         on, why = toggles.decide_entry(e)
         req_ok, req = versions.check(e.requires or (), installed.version)
         ops = _object_ops(e)
+        # check's word where the declaration alone decides it (an in-place patch package: ok,
+        # with check's warning; a declaration that does not load: fail), else null
+        verdict, said = verdicts.declared(e, toggles.strict)
         rows.append({
             "name": e.name, "kinds": list(e.kinds or ()), "targets": list(e.targets or ()),
             "origin": e.origin, "source": e.source, "enabled": on, "why": why,
             "default": bool(e.default), "requires": list(e.requires or ()),
             "requirement_ok": req_ok, "requirement": req, "doc": e.doc or "", "error": e.error,
-            "declared_in": declared_in[e.name],
+            "declared_in": declared_in[e.name], "verdict": verdict,
+            "warnings": [said] if verdict == verdicts.OK else [],
             "ops": [{"kind": op.kind, "target": op.target, "order": op.order,
                      "decorated": op.decorated, "original": op.original} for op in ops],
         })
@@ -248,8 +258,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             req = "; ".join(r["requires"])
             verdict = style.status("ok") if r["requirement_ok"] else style.status("skip")
             lines.append(f"    requires  {req}: {verdict}: {_reason(r['requirement'], req)}")
-        if r["error"]:
-            lines.append(f"    {style.status('fail', 'error')}     {r['error']}")
+        if r["verdict"] == verdicts.OK:  # in place: check's words, not "error"
+            lines += [f"    {style.status('warn', 'warning')}   {w}" for w in r["warnings"]]
+        elif r["error"]:  # check's words: its problem line
+            lines.append(f"    {style.status('fail', 'fail')}      the declaration does not load: "
+                         f"{r['error']}")
     lines += chain_lines(chains, "of the enabled patches")
     lines += [f"problem: {p}" for p in problems]
     emit(lines)
@@ -801,6 +814,7 @@ def _capture_parser(command: Any, work_help: str) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from importpatch import config
+    from importpatch.tools import verdicts
 
     folder = args.events_dir or config.get(os.environ, config.EVENTS_DIR)
     if not folder:
@@ -829,6 +843,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             if ev["outcome"] == "applied" and ev["patch"] not in seen:
                 seen.add(ev["patch"])
                 tally["processes"] += 1
+    for t in patches.values():  # check's word for what the processes did: the worst of it
+        t["verdict"] = next((verdicts.OUTCOME[o] for o in ("failed", "skipped", "applied")
+                             if t[o]), None)
     defaults: dict[str, dict[str, Any]] = {}
     requested = requested_fates(procs, defaults)
     never = sorted(n for n, r in requested.items() if not r["applied_anywhere"])
@@ -848,9 +865,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     lines.append("")
     for name, t in sorted(patches.items()):
         rebound = f", {t['rebound']} copies re-bound late" if t["rebound"] else ""
+        word = f" ({t['verdict']})" if t["verdict"] else ""
         lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
                      f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed"
-                     + rebound)
+                     + rebound + word)
     if never:
         lines += ["", style.status("fail", "requested but never applied anywhere:")]
         for name in never:
