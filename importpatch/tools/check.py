@@ -47,12 +47,15 @@ from importpatch.discover.declare import (
 )
 from importpatch.discover.selection import declared
 from importpatch.rewrite import diffs
+from importpatch.tools import verdicts
 from importpatch.tools.packages import InstalledSource, Source, UsageError, open_source
 from importpatch.tools.sideeffects import compiled_warnings
 
 # The verdict words, shared with list, doctor and status (ALREADY_APPLIED: every hunk's new side
 # is already there, upstream).
-from importpatch.tools.verdicts import ABSENT, ALREADY_APPLIED, FAIL, OK, SKIP, WARN
+OK, FAIL, SKIP, ABSENT, WARN = verdicts.OK, verdicts.FAIL, verdicts.SKIP, verdicts.ABSENT, \
+    verdicts.WARN
+ALREADY_APPLIED = verdicts.ALREADY_APPLIED
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
@@ -644,8 +647,6 @@ def _check_entry(
     if len(sources) > 1:
         result.problems.append(f"the name {entry.name!r} is declared {len(sources)} times: "
                                + ", ".join(sources))
-    from importpatch.tools import verdicts
-
     word, why = verdicts.declared(entry, toggles.strict)
     if word == OK:
         # The blog post's layout (its patch module imports the target): it applies, in place.

@@ -827,7 +827,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                          f"the processes write there only when {config.EVENTS_DIR} is set")
     procs, bad = read_events(folder)
     roots = process_tree(procs)
-    patches: dict[str, dict[str, int]] = {}
+    patches: dict[str, dict[str, Any]] = {}
     for proc in procs.values():
         seen: set[str] = set()
         for ev in distinct_failures(proc["events"]):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from importpatch.rewrite.diffs import ALREADY_APPLIED
+from importpatch.rewrite import diffs
 
+ALREADY_APPLIED = diffs.ALREADY_APPLIED
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
 
 # The word, and what it means, as every command prints it (docs/cli.md says the same).
