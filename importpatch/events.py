@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 _events: list[dict[str, Any]] = []
 _once: set[str] = set()
+# (patch, target, detail) of each failure recorded here: one failure is one event, though the
+# loader and the finder that raises it each record it, and an import tried again fails again.
+_failed: dict[tuple[str, str, str], dict[str, Any]] = {}
 
 
 def _settings() -> tuple[bool, str | None]:
@@ -36,8 +39,15 @@ def record(
 ) -> dict[str, Any]:
     """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
     in-place, source-diff, transform, rebind, ... ``chain``: a replace's or wrap's place among
-    the operations of its target (``activation.link``), kept as the event's ``chain`` key."""
+    the operations of its target (``activation.link``), kept as the event's ``chain`` key.
+    A failure already recorded (same patch, target and detail) is not recorded again."""
+    if outcome == "failed":
+        first = _failed.get((patch, target, detail))
+        if first is not None and first["pid"] == os.getpid():  # a fork child records its own
+            return first
     event = _event(outcome, patch, target, how, detail)
+    if outcome == "failed":
+        _failed[(patch, target, detail)] = event
     if chain is not None:
         event["chain"] = chain
     _events.append(event)

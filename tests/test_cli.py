@@ -736,7 +736,9 @@ def test_doctor_reports_stale_pth_and_missing_start_file(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["frob"], "importpatch: error: argument COMMAND: invalid choice: 'frob'"),
+        (["frob"], "importpatch: error: unknown command 'frob'"),
+        # Issue 36, item 5: a mistyped command gets the nearest one (tests/test_cli_truth.py)
+        (["chek"], "importpatch: error: unknown command 'chek' - did you mean 'check'?"),
         ([], "importpatch: error: the following arguments are required: COMMAND"),
         (["check", "--against", "/no/such/file.whl"],
          "importpatch: error: --against /no/such/file.whl: no such file or folder"),

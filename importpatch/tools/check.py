@@ -47,11 +47,15 @@ from importpatch.discover.declare import (
 )
 from importpatch.discover.selection import declared
 from importpatch.rewrite import diffs
+from importpatch.tools import verdicts
 from importpatch.tools.packages import InstalledSource, Source, UsageError, open_source
 from importpatch.tools.sideeffects import compiled_warnings
 
-OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
-ALREADY_APPLIED = diffs.ALREADY_APPLIED  # every hunk's new side is already there: upstream
+# The verdict words, shared with list, doctor and status (ALREADY_APPLIED: every hunk's new side
+# is already there, upstream).
+OK, FAIL, SKIP, ABSENT, WARN = verdicts.OK, verdicts.FAIL, verdicts.SKIP, verdicts.ABSENT, \
+    verdicts.WARN
+ALREADY_APPLIED = verdicts.ALREADY_APPLIED
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
@@ -370,7 +374,7 @@ class _Checker:
             elif v.state == bindings.ABSENT:
                 result.detail = f"{op.qualname} is free"
             else:
-                result.status, result.detail = WARN, v.why
+                result.status, result.detail = WARN, _hidden_risk(op, v)
         elif op.kind == SET and v.state != bindings.BOUND:
             # set replaces or adds (setattr, importpatch.integrations.compat): only the owner class
             # must be there
@@ -396,7 +400,7 @@ class _Checker:
             if close:
                 result.detail += f"; did you mean {close}?"
         else:
-            result.status, result.detail = WARN, v.why
+            result.status, result.detail = WARN, _hidden_risk(op, v)
 
     @staticmethod
     def _class_problem(op: declare.Op, v: Any) -> str:
@@ -434,6 +438,32 @@ class _Checker:
         except Exception:  # a hint only
             return ""
         return bindings.inherited_advice(module, qual, where) if where else ""
+
+
+def _hidden_risk(op: declare.Op, v: Any) -> str:
+    """A warning that a hidden binder (bindings.hidden_binders: setattr(), globals(), __dict__,
+    import *, ...) may bind the target, with what that risks here and what makes it go away: a
+    warning that says neither is noise (issue 36)."""
+    from importpatch.rewrite import bindings
+
+    if v.state != bindings.UNKNOWN or " may " not in v.why:  # hidden binders' words: "may ..."
+        return str(v.why)
+    assert op.qualname is not None
+    name = op.qualname.rpartition(".")[2]
+    if op.kind == ADD:
+        risk = (f"if it sets {name!r} at run time, the import fails ('{name} already exists: "
+                "use replace') where that ran first, or the added member is replaced or hidden "
+                "(setattr(self, ...): an instance attribute) where it runs later")
+        fix = (f"if the call never sets {name!r}, ignore it; a replace of a member the source "
+               "binds has no such warning")
+    else:
+        risk = ("the source shows no definition site, so the import patches what the module "
+                "holds after it ran: a copy made meanwhile is not re-bound, and the landing "
+                "analysis cannot see it")
+        fix = (f"if the call never sets {name!r}, ignore it; a {op.kind} of the name where the "
+               "module defines it (its def, class or assignment) has no such warning")
+    return (f"{v.why}: {risk}. check cannot run the module to tell; it stays a warning (exit "
+            f"status 0) that no option hides: {fix}")
 
 
 def _is_plain_value(obj: Any) -> bool:
@@ -493,7 +523,8 @@ def _run(
     if unknown:
         raise UsageError(
             f"unknown patch name(s): {', '.join(unknown)}" + did_you_mean(unknown, known),
-            f"known: {', '.join(sorted(known)) or '(none)'}; see 'importpatch list'",
+            f"{where_looked(toggles, entries)}; known: {', '.join(sorted(known)) or '(none)'}; "
+            "see 'importpatch list'",
         )
     src = source if source is not None else open_source(against)
     checker = _Checker(src)
@@ -524,7 +555,8 @@ def _run(
             results.append(PatchResult(
                 name, "unknown", "", True, f"named in {config.ENABLE}", False, [], status=FAIL,
                 problems=["no patch of this name is discovered here"
-                          + did_you_mean([name], known)]))
+                          + did_you_mean([name], known)],
+                suggestion=where_looked(toggles, entries)))
     unchecked = sorted({e.name for e in entries} - {e.name for e in chosen})
     return Report(src, results, conflicts, chains, scope, unchecked,
                   list(toggles.choice_problems))
@@ -545,6 +577,20 @@ def _installed_tops(name: str) -> list[str]:
     tops = {str(f).replace("\\", "/").partition("/")[0].removesuffix(".py")
             for f in dist.files or () if str(f).endswith(".py")}
     return sorted(t for t in tops if t.isidentifier())
+
+
+def where_looked(toggles: config.Toggles, entries: Sequence[Any]) -> str:
+    """Where discovery looked for patches (catalog.py's three sources), and what makes one
+    found: said with an unknown name, which is most often a folder or package not set up."""
+    packages = sorted({str(e.source).partition(" = ")[2].partition(":")[0].partition(".")[0]
+                       for e in entries if e.origin == "entry-point"} - {""})
+    builtin = sum(e.origin == "builtin" for e in entries)
+    folders = (f"the {config.PATH} folders ({', '.join(toggles.path)})" if toggles.path
+               else f"no {config.PATH} folder ({config.PATH} is not set)")
+    eps = (f"the entry points of group {catalog.GROUP} ({', '.join(packages)})" if packages
+           else f"the entry points of group {catalog.GROUP} (no installed package has one)")
+    return (f"looked in: {builtin} built-in patch(es), {folders}, {eps}; a patch file is found "
+            f"with {config.PATH}=<its folder>, a patch package once it is pip-installed here")
 
 
 def did_you_mean(names: Sequence[str], known: Iterable[str]) -> str:
@@ -601,15 +647,14 @@ def _check_entry(
     if len(sources) > 1:
         result.problems.append(f"the name {entry.name!r} is declared {len(sources)} times: "
                                + ", ".join(sources))
-    from importpatch.discover.catalog import in_place_note, in_place_only
-
-    if entry.error and in_place_only(entry) and not toggles.strict:
+    word, why = verdicts.declared(entry, toggles.strict)
+    if word == OK:
         # The blog post's layout (its patch module imports the target): it applies, in place.
         # Checking its operations would import the target: not here.
-        result.warnings.append(in_place_note(entry))
+        result.warnings.append(why)
         return result, []
-    if entry.error:
-        result.problems.append(f"the declaration does not load: {entry.error}")
+    if word == FAIL:
+        result.problems.append(why)
         result.status = FAIL
         return result, []
     src = checker.source

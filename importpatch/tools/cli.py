@@ -35,7 +35,10 @@ list:   {"patches": [{"name", "kinds": [str], "targets": [str],
                       "origin": "builtin"|"folder"|"entry-point"|"api", "source",
                       "enabled": bool, "why", "default": bool, "requires": [str],
                       "requirement_ok": bool, "requirement", "doc", "error": str|null,
-                      "declared_in": [str], "ops": [{"kind", "target", "order": int,
+                      "declared_in": [str], "verdict": "ok"|"fail"|null (check's word, where
+                      the declaration alone decides it: tools/verdicts.py),
+                      "warnings": [str] (an in-place patch package's, as check says it),
+                      "ops": [{"kind", "target", "order": int,
                       "decorated": bool, "original": bool}]}],
          "chains": [CHAIN], "problems": [str]}
          CHAIN = {"target", "module", "qualname", "links": [LINK]} (enabled patches' replace,
@@ -74,9 +77,12 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
-         "failed": int, "processes": int}}, "bad_lines": int,
+         "failed": int, "rebound": int, "processes": int,
+         "verdict": "ok"|"fail"|"skip"|null}}, "bad_lines": int,
          "requested": {name: {"applied_anywhere": bool, "fates": {FATE: int (processes)},
                               "detail"}}, "never_applied": [name],
+         "defaults_not_applied": {name: {as in requested}} (on by default, not requested: a
+                                 target module missing, applied nowhere),
          "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said)}
          FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
          (a started event also has "requested" and "on": [name])
@@ -122,7 +128,7 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from importpatch.tools.packages import UsageError
@@ -194,7 +200,7 @@ ORIGINS = {"builtin": "built-in", "folder": "folder", "entry-point": "entry poin
 def cmd_list(args: argparse.Namespace) -> int:
     from importpatch import _boot, config, versions
     from importpatch.discover import catalog
-    from importpatch.tools import check, packages
+    from importpatch.tools import check, packages, verdicts
 
     toggles = config.read()
     installed = packages.InstalledSource()  # versions from metadata, else __version__ in the source
@@ -208,12 +214,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         on, why = toggles.decide_entry(e)
         req_ok, req = versions.check(e.requires or (), installed.version)
         ops = _object_ops(e)
+        # check's word where the declaration alone decides it (an in-place patch package: ok,
+        # with check's warning; a declaration that does not load: fail), else null
+        verdict, said = verdicts.declared(e, toggles.strict)
         rows.append({
             "name": e.name, "kinds": list(e.kinds or ()), "targets": list(e.targets or ()),
             "origin": e.origin, "source": e.source, "enabled": on, "why": why,
             "default": bool(e.default), "requires": list(e.requires or ()),
             "requirement_ok": req_ok, "requirement": req, "doc": e.doc or "", "error": e.error,
-            "declared_in": declared_in[e.name],
+            "declared_in": declared_in[e.name], "verdict": verdict,
+            "warnings": [said] if verdict == verdicts.OK else [],
             "ops": [{"kind": op.kind, "target": op.target, "order": op.order,
                      "decorated": op.decorated, "original": op.original} for op in ops],
         })
@@ -248,8 +258,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             req = "; ".join(r["requires"])
             verdict = style.status("ok") if r["requirement_ok"] else style.status("skip")
             lines.append(f"    requires  {req}: {verdict}: {_reason(r['requirement'], req)}")
-        if r["error"]:
-            lines.append(f"    {style.status('fail', 'error')}     {r['error']}")
+        if r["verdict"] == verdicts.OK:  # in place: check's words, not "error"
+            lines += [f"    {style.status('warn', 'warning')}   {w}" for w in r["warnings"]]
+        elif r["error"]:  # check's words: its problem line
+            lines.append(f"    {style.status('fail', 'fail')}      the declaration does not load: "
+                         f"{r['error']}")
     lines += chain_lines(chains, "of the enabled patches")
     lines += [f"problem: {p}" for p in problems]
     emit(lines)
@@ -801,6 +814,7 @@ def _capture_parser(command: Any, work_help: str) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from importpatch import config
+    from importpatch.tools import verdicts
 
     folder = args.events_dir or config.get(os.environ, config.EVENTS_DIR)
     if not folder:
@@ -813,10 +827,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                          f"the processes write there only when {config.EVENTS_DIR} is set")
     procs, bad = read_events(folder)
     roots = process_tree(procs)
-    patches: dict[str, dict[str, int]] = {}
+    patches: dict[str, dict[str, Any]] = {}
     for proc in procs.values():
         seen: set[str] = set()
-        for ev in proc["events"]:
+        for ev in distinct_failures(proc["events"]):
             if ev["outcome"] in (STARTED, "unknown", "missing"):  # those: in "requested"
                 continue
             tally = patches.setdefault(
@@ -829,29 +843,41 @@ def cmd_status(args: argparse.Namespace) -> int:
             if ev["outcome"] == "applied" and ev["patch"] not in seen:
                 seen.add(ev["patch"])
                 tally["processes"] += 1
-    requested = requested_fates(procs)
+    for t in patches.values():  # check's word for what the processes did: the worst of it
+        t["verdict"] = next((verdicts.OUTCOME[o] for o in ("failed", "skipped", "applied")
+                             if t[o]), None)
+    defaults: dict[str, dict[str, Any]] = {}
+    requested = requested_fates(procs, defaults)
     never = sorted(n for n, r in requested.items() if not r["applied_anywhere"])
     if args.json:
         emit_json({"events_dir": os.path.abspath(folder), "processes": roots,
                    "patches": patches, "requested": requested, "never_applied": never,
+                   "defaults_not_applied": defaults,
                    "drift": [{"patch": p, "detail": d} for p, d in drift_events(procs)],
                    "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
-    n_events = sum(ev["outcome"] != STARTED for p in procs.values() for ev in p["events"])
+    n_events = sum(ev["outcome"] != STARTED for p in procs.values()
+                   for ev in distinct_failures(p["events"]))
     lines = [f"{folder}: {len(procs)} process(es), {n_events} event(s)"]
     for root in roots:
         lines += _proc_lines(root, 0, style)
     lines.append("")
     for name, t in sorted(patches.items()):
         rebound = f", {t['rebound']} copies re-bound late" if t["rebound"] else ""
+        word = f" ({t['verdict']})" if t["verdict"] else ""
         lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
                      f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed"
-                     + rebound)
+                     + rebound + word)
     if never:
         lines += ["", style.status("fail", "requested but never applied anywhere:")]
         for name in never:
             r = requested[name]
+            fates = ", ".join(f"{FATES[f]} in {n}" for f, n in r["fates"].items())
+            lines.append(f"    {name}: {fates}" + (f" ({r['detail']})" if r["detail"] else ""))
+    if defaults:  # nobody asked for these: not "requested", but their target was not found
+        lines += ["", style.status("warn", "on by default (not requested), never applied:")]
+        for name, r in defaults.items():
             fates = ", ".join(f"{FATES[f]} in {n}" for f, n in r["fates"].items())
             lines.append(f"    {name}: {fates}" + (f" ({r['detail']})" if r["detail"] else ""))
     drift = drift_events(procs)
@@ -888,21 +914,49 @@ FATES = {
 }
 
 
-def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def distinct_failures(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A process's events with each failure once: a patch that fails on one module for one
+    reason is one failure, however many recorders wrote it (the loader and the finder both did)
+    or however often the import was tried again. Keyed (patch, module, reason)."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for ev in events:
+        if ev["outcome"] == "failed":
+            key = (ev["patch"], ev["target"], ev["detail"])
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(ev)
+    return out
+
+
+def requested_fates(procs: dict[tuple[str, int], dict[str, Any]],
+                    defaults: dict[str, dict[str, Any]] | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """Per patch name requested by name in some process (its "started" line's ``requested``),
-    or with an ``unknown`` or ``missing`` event: ``{"applied_anywhere": bool, "fates": {fate:
-    number of processes}, "detail": str}`` (the fates of FATES; ``detail``: the last unknown or
-    missing event's text, with its "did you mean")."""
+    or with an ``unknown`` event: ``{"applied_anywhere": bool, "fates": {fate: number of
+    processes}, "detail": str}`` (the fates of FATES; ``detail``: the last unknown or missing
+    event's text, with its "did you mean"). A patch nobody named (on by default) whose target
+    module was missing is not requested: it goes in ``defaults``, rows of the same shape."""
     out: dict[str, dict[str, Any]] = {}
     for proc in procs.values():
+        # Every name asked for in this process, whichever "started" line said it: a missing
+        # target looked up before a later line must not turn a requested name into a default.
+        started = [ev for ev in proc["events"] if ev["outcome"] == STARTED]
+        asked = {n for ev in started for n in ev.get("requested") or ()}
+        says_asked = any("requested" in ev for ev in started)  # older lines do not
         names: set[str] = set()
         on: set[str] = set()
         by_name: dict[str, set[str]] = {}
         failed_detail: dict[str, str] = {}
+        unasked: dict[str, str] = {}  # a default's missing target: name -> its detail
         for ev in proc["events"]:
             if ev["outcome"] == STARTED:
                 names.update(ev.get("requested") or ())
                 on.update(ev.get("on") or ())
+                continue
+            if ev["outcome"] == "missing" and says_asked and ev["patch"] not in asked:
+                unasked[ev["patch"]] = ev["detail"]
                 continue
             fate = ("version" if ev["outcome"] == "skipped" and ev["how"] == "version"
                     else ev["outcome"])
@@ -924,6 +978,21 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, d
             if fate == "failed" and name in failed_detail:
                 row["detail"] = failed_detail[name]
             row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
+        for name, detail in unasked.items():
+            fates = by_name.get(name, set()) | {"missing"}
+            fate = next(f for f in FATES if f in fates)
+            row = (defaults if defaults is not None else {}).setdefault(
+                name, {"applied_anywhere": False, "fates": {}, "detail": detail})
+            row["fates"][fate] = row["fates"].get(fate, 0) + 1
+            row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
+    if defaults is not None:
+        for name in [n for n, r in defaults.items() if r["applied_anywhere"] or n in out]:
+            del defaults[name]  # applied somewhere, or asked for elsewhere (listed there)
+        for row in defaults.values():
+            row["fates"] = {f: row["fates"][f] for f in FATES if f in row["fates"]}
+        ordered = dict(sorted(defaults.items()))
+        defaults.clear()
+        defaults.update(ordered)
     for row in out.values():
         row["fates"] = {f: row["fates"][f] for f in FATES if f in row["fates"]}
     return dict(sorted(out.items()))
@@ -1044,7 +1113,7 @@ def _proc_lines(proc: dict[str, Any], depth: int, style: Style) -> list[str]:
     started = [ev for ev in proc["events"] if ev["outcome"] == STARTED]
     if len(started) == len(proc["events"]):
         lines.append(f"{indent}  nothing applied here; hook active ({started[-1]['detail']})")
-    for ev in proc["events"]:
+    for ev in distinct_failures(proc["events"]):
         if ev["outcome"] == STARTED:
             continue
         outcome = style.status(ev["outcome"])
@@ -1432,6 +1501,31 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, f"see '{self.prog} --help'")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # A mistyped choice gets the nearest one (argparse's suggest_on_error is 3.14+ only).
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        if isinstance(action, argparse._SubParsersAction):
+            raise UsageError(f"unknown command {value!r}" + _close(value, choices, " - "),
+                             f"the commands are {', '.join(choices)}; see 'importpatch --help'")
+        raise argparse.ArgumentError(
+            action, f"invalid choice: {value!r} (choose from {', '.join(map(str, choices))})"
+            + _close(str(value), [str(c) for c in choices]))
+
+
+def _close(word: str, pool: Iterable[str], sep: str = "; ") -> str:
+    """``"; did you mean 'x'?"`` with the entry of ``pool`` nearest ``word`` (difflib, as pip
+    does), or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(pool), n=1)
+    return f"{sep}did you mean {close[0]!r}?" if close else ""
+
+
+def _options_of(p: argparse.ArgumentParser) -> list[str]:
+    return [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+
 
 def _note(text: str) -> None:
     sys.stderr.write("".join(f"{s}\n" for s in fit(f"importpatch: {text}")))
@@ -1581,10 +1675,22 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             "-h", "--help", "--traceback")]
         if unknown and "COMMAND" in str(exc):
             raise UsageError(
-                f"unknown option {unknown[0]}",
+                f"unknown option {unknown[0]}" + _close(unknown[0].split("=", 1)[0],
+                                                        _options_of(p)),
                 "the options before COMMAND are --traceback and --help; a command's own options "
                 "come after it (see 'importpatch --help', 'importpatch COMMAND --help')",
             ) from None
+        if str(exc).startswith("unrecognized arguments:"):
+            # A mistyped option of the command: the nearest option it has (or the top level's).
+            command = next((a for a in argv if a in commands), None)
+            sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+            pool = _options_of(p) + (_options_of(sub.choices[command]) if command else [])
+            for arg in argv:
+                option = arg.split("=", 1)[0]
+                if option.startswith("-") and option not in pool and (close := _close(
+                        option, pool)):
+                    where = f"importpatch {command} --help" if command else "importpatch --help"
+                    raise UsageError(f"{exc}{close}", f"see '{where}'") from None
         raise
 
 
