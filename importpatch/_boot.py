@@ -81,7 +81,7 @@ def start(sitedir: str | None = None) -> None:
         if hasattr(builtins, "help") or sys.flags.no_site:  # a call after site's work (or -S)
             activate(start=True)
         else:  # the .pth line, or the .start file: site is still building sys.path
-            from importpatch._pth_on import take_slot
+            from importpatch._slot import take_slot
 
             take_slot(_AfterSite())
     except BaseException as exc:  # noqa: BLE001 (start-up must not fail; see the docstring)
@@ -125,11 +125,11 @@ def starting() -> bool:
     return _starting
 
 
-from importpatch._pth_on import Slot as _Slot  # noqa: E402 (loaded by the .pth line: free)
+from importpatch._slot import Slot as _Slot  # noqa: E402 (registered by the .pth line: free)
 
 
 class _AfterSite(_Slot):
-    """Holds importpatch's slot on ``sys.meta_path`` (importpatch/_pth_on.py) from the ``.pth``
+    """Holds importpatch's slot on ``sys.meta_path`` (importpatch/_slot.py) from the ``.pth``
     line to the end of site's work: activates at the first import after every site folder and
     ``.pth`` file was processed (site's import of ``sitecustomize``; site sets
     ``builtins.help`` just before), which puts the patch finder (or a closed one) in its place,
@@ -141,7 +141,7 @@ class _AfterSite(_Slot):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         import builtins
 
-        from importpatch._pth_on import ask_others, leave_slot
+        from importpatch._slot import ask_others, leave_slot
 
         global _before_site, _after_site_busy
         if _after_site_busy:
@@ -241,7 +241,7 @@ def _fails_closed(reason: str) -> set[str]:
     if known:
         closed = _FailsClosed(known, reason)
         try:
-            from importpatch._pth_on import take_slot
+            from importpatch._slot import take_slot
 
             if any(type(f).__name__ == "PatchFinder" for f in sys.meta_path):
                 raise LookupError  # a working finder stays: the closed one goes before it
@@ -601,7 +601,7 @@ def stamp_bytes(text: str, watched: str, tops: list[str]) -> bytes:
     each NUL-separated, then the check of all of it (importpatch/_pth_on.py reads it: a waiting
     process whose sys.path differs starts at once)."""
     from importpatch import sites
-    from importpatch._pth_on import stamp_check
+    from importpatch._slot import stamp_check
 
     body = "\0".join((text, watched, "\n".join(sites.site_path or ()), " ".join(tops))).encode(
         "utf-8", "surrogateescape")

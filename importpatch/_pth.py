@@ -156,21 +156,27 @@ if __name__ != "importpatch._pth":  # executed by the .pth line (imported: nothi
                 pass
         if size != 0:
             # Something may be on: the rest of the check, compiled as this module is (or
-            # imported).
-            # Executed as the module importpatch._pth_on (registered: the hook's finders and
-            # the MetaPath they keep first are its classes, one set in the process).
+            # imported), executed as the modules importpatch._slot (the slot on sys.meta_path every
+            # start path shares) and importpatch._pth_on, registered as they would be by an
+            # import: their classes then exist once in the process, whoever reaches them.
             on_module = type(sys)("importpatch._pth_on")
             scope = on_module.__dict__
             scope.update(os=os, sys=sys, sitedir=sitedir, stamp=stamp, size=size)
             try:
                 pyc_dir, _, pyc_tag = p.rpartition("/_pth.")
                 on_pyc = pyc_dir + "/_pth_on." + pyc_tag
-                if os.path.exists(on_pyc):
-                    with io.open_code(on_pyc) as pyc:
-                        scope["__file__"] = pyc_dir.rpartition("/")[0] + "/_pth_on.py"
-                        scope["__package__"] = "importpatch"
-                        exec(marshal.loads(pyc.read()[16:]), scope)  # noqa: S102
-                    sys.modules.setdefault("importpatch._pth_on", on_module)
+                slot_pyc = pyc_dir + "/_slot." + pyc_tag
+                if os.path.exists(on_pyc) and os.path.exists(slot_pyc):
+                    for ip_module, ip_stem in ((type(sys)("importpatch._slot"), "/_slot"),
+                                               (on_module, "/_pth_on")):
+                        if ip_module.__name__ in sys.modules:
+                            continue  # (imported already: its classes stay the only ones)
+                        with io.open_code(pyc_dir + ip_stem + "." + pyc_tag) as pyc:
+                            ip_module.__file__ = pyc_dir.rpartition("/")[0] + ip_stem + ".py"
+                            ip_module.__package__ = "importpatch"
+                            exec(marshal.loads(pyc.read()[16:]), ip_module.__dict__)  # noqa: S102
+                        sys.modules[ip_module.__name__] = ip_module
+                    scope = sys.modules["importpatch._pth_on"].__dict__
                 else:
                     import importpatch._pth_on
 

@@ -25,6 +25,9 @@ nothing runs at module level.
 import os
 import sys
 
+# (registered by the .pth line before this code runs: a dict lookup, not an import)
+from importpatch._slot import Slot, ask_others, leave_slot, stamp_fields, take_slot
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -129,118 +132,9 @@ def _enabled_tops(sitedir: str, environ: object) -> "tuple[str | None, frozenset
     return site_path_text, tops
 
 
-# The check of a stamp's whole body: a number the body's bytes give in C (no import, no loop in
-# Python). A truncated, extended or flipped body fails it, so the list of packages a process
-# waits for is never a part of the one written (a torn write, a full disk, a stray editor).
-STAMP_CHECK = (1 << 61) - 1
-
-
-def stamp_check(body: bytes) -> bytes:
-    return b"%d" % (int.from_bytes(body, "little") % STAMP_CHECK)
-
-
-def stamp_fields(data: bytes) -> "tuple[str, str, str, frozenset[str]] | None":
-    """The fields of a listing or enabled stamp (``_boot.stamp_bytes`` writes both): the
-    variables' text ("" in a listing stamp), the watched paths' signature lines, ``sys.path``
-    as site left it in the writer (one entry per line), the packages to wait for; None where
-    the body fails its check or is not of that shape."""
-    body, sep, check = data.rpartition(b"\0")
-    if not sep or check != stamp_check(body):
-        return None
-    fields = body.decode("utf-8", "surrogateescape").split("\0")
-    if len(fields) != 4:
-        return None
-    tops = frozenset(fields[3].split())
-    if not tops or not all(top.isidentifier() for top in tops):
-        return None
-    return fields[0], fields[1], fields[2], tops
-
-
-# --- The hook's slot on sys.meta_path (one implementation for every way the hook starts) ---
-#
-# Invariants:
-# - From the .pth line on, exactly one of importpatch's hook finders holds "the slot": the
-#   waiting finder (a stamp says what to wait for), ``_boot._AfterSite`` (site is still building
-#   sys.path) or the started ``PatchFinder``. Each is a ``Slot``; one replaces another in place
-#   (``take_slot``), so there is no moment with none, whatever is raised in between.
-# - ``sys.meta_path`` is a ``MetaPath`` from then on: the slot stays ahead of every finder that
-#   is not importpatch's own, whenever that was inserted (typeguard, pytest's assertion
-#   rewriting, a user's finder at index 0), in every timing of the start. (A program that
-#   replaces the list object itself, ``sys.meta_path = [...]``, escapes this: docs/limits.md.)
-# - The waiting finder leaves the slot only for a started hook: a failure of the start (any
-#   BaseException) leaves it in place, failing the imports of what it waits for closed; a
-#   KeyboardInterrupt goes on as it would without importpatch, and the next import starts again.
-
-
-class Slot:
-    """A finder that holds importpatch's slot on ``sys.meta_path`` (see above)."""
-
-    __slots__ = ()
-
-
-class MetaPath(list):  # type: ignore[type-arg]
-    """``sys.meta_path`` once importpatch holds a slot on it: the first ``Slot`` stays ahead of
-    every finder that is not importpatch's own; the others keep their order."""
-
-    __slots__ = ()
-
-    def insert(self, index: "Any", finder: "Any") -> None:
-        list.insert(self, index, finder)
-        self.keep_first()
-
-    def __setitem__(self, index: "Any", value: "Any") -> None:
-        list.__setitem__(self, index, value)
-        self.keep_first()
-
-    def keep_first(self) -> None:
-        for i, finder in enumerate(self):
-            if isinstance(finder, Slot):
-                return
-            if not type(finder).__module__.startswith("importpatch."):
-                for j in range(i + 1, len(self)):
-                    if isinstance(self[j], Slot):
-                        list.insert(self, i, list.pop(self, j))
-                        return
-                return
-
-
-def take_slot(finder: Slot) -> None:
-    """Put ``finder`` in importpatch's slot: in place of the Slot there (one list assignment),
-    else first; ``sys.meta_path`` becomes a ``MetaPath`` where it is not one."""
-    meta_path = sys.meta_path
-    if not isinstance(meta_path, MetaPath):
-        meta_path = sys.meta_path = MetaPath(meta_path)
-    for i, existing in enumerate(meta_path):
-        if isinstance(existing, Slot):
-            meta_path[i] = finder
-            return
-    meta_path.insert(0, finder)
-
-
-def leave_slot(finder: Slot) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
-
-
-def ask_others(me: object, name: str, path: "Any", target: "Any") -> "Any":
-    """The spec the finders now on sys.meta_path give, ``me`` left out: importlib iterates
-    sys.meta_path while a finder runs, so one that changed the list asks them itself."""
-    for finder in list(sys.meta_path):
-        if finder is me:
-            continue
-        find = getattr(finder, "find_spec", None)
-        spec = find(name, path, target) if find is not None else None
-        if spec is not None:
-            return spec
-    return None
-
-
+# Holds the slot until the first import of a package in ``tops`` (or a reason to start sooner),
+# then starts the hook there, before that package's code runs.
 class _ImportpatchWaits(Slot):
-    """Holds the slot until the first import of a package in ``tops`` (or a reason to start
-    sooner), then starts the hook there, before that package's code runs."""
-
-    __slots__ = ("sitedir", "tops", "recorded", "fails_closed", "site_path", "failed")
-
     def __init__(self, sitedir: str, tops: "frozenset[str]", recorded: "str | None",
                  fails_closed: "Any") -> None:
         self.sitedir, self.tops, self.recorded = sitedir, tops, recorded

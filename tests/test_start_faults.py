@@ -72,9 +72,22 @@ if {name!r} not in result:
     result[{name!r}] = {module}.f()
 sys.settrace(None)
 """
+# A finder behind the hook's that raises KeyboardInterrupt the first time it is asked for one of
+# importpatch's own modules (the hook's lazy imports: its start, a target's first import).
+INTERRUPTING_FINDER = """\
+class Interrupts:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("importpatch") and not hit:
+            hit.append(name)
+            raise KeyboardInterrupt
+        return None
+hit = []
+sys.meta_path.append(Interrupts())
+"""
 POINTS = [("<module>", "importpatch/_boot.py"), ("activate", "importpatch/_boot.py"),
           ("load_index", "importpatch/discover/catalog.py"),
-          ("install", "importpatch/load/finder.py"), ("find_spec", "importpatch/_pth_on.py")]
+          ("install", "importpatch/load/finder.py"), ("find_spec", "importpatch/_pth_on.py"),
+          ("a finder", "asked for importpatch")]
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +137,8 @@ def _program(plan: dict[str, object]) -> str:
     for i, module in enumerate(plan["order"]):  # type: ignore[attr-defined]
         if plan["interrupt"] and i == 0:
             where, file = plan["interrupt"]  # type: ignore[misc]
-            code += TRACER.format(where=where, file=file)
+            code += (INTERRUPTING_FINDER if where == "a finder"
+                     else TRACER.format(where=where, file=file))
         code += IMPORT.format(module=module, name=names[module])
         if plan["finder"] == "after-the-start" and i == 0:
             code += FINDER

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import sys
 
-from importpatch import _pth_on  # (the .pth line registered it: no import at a start)
+from importpatch import _slot  # (the .pth line registered it: no import at a start)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from importpatch.install.activation import ModulePlan
 
 
-class PatchFinder(_pth_on.Slot):
+class PatchFinder(_slot.Slot):
     """Finds the modules targeted by enabled patches; see the module docstring."""
 
     def __init__(self, entries: list[Entry]) -> None:
@@ -119,7 +119,7 @@ class PatchFinder(_pth_on.Slot):
                 ) -> tuple[ModuleSpec | None, Any]:
         """The first spec another finder returns, and that finder."""
         for finder in list(sys.meta_path):
-            if finder is self or isinstance(finder, _pth_on.Slot):
+            if finder is self or isinstance(finder, _slot.Slot):
                 continue  # (importpatch's own: this finder, or one that waits or fails closed)
             find = getattr(finder, "find_spec", None)
             if find is None:
@@ -688,8 +688,8 @@ def closed_error(exc: BaseException, patch: str, module: str, file: str | None
 
 
 # The slot on sys.meta_path and the list that keeps it first: one implementation for every way
-# the hook starts (the waiting finder, _AfterSite, this finder), in importpatch/_pth_on.py.
-MetaPath = _pth_on.MetaPath
+# the hook starts (the waiting finder, _AfterSite, this finder), in importpatch/_slot.py.
+MetaPath = _slot.MetaPath
 
 
 def installed() -> PatchFinder | None:
@@ -703,11 +703,11 @@ def install(entries: list[Entry]) -> PatchFinder:
     """Put a finder for ``entries`` first on sys.meta_path, replacing ours if present (idempotent:
     the .pth runs twice in venvs on some Pythons); sys.meta_path becomes a ``MetaPath``."""
     finder = PatchFinder(entries)
-    _pth_on.take_slot(finder)  # in place of the finder there: no moment without one
+    _slot.take_slot(finder)  # in place of the finder there: no moment without one
     return finder
 
 
 def uninstall() -> None:
     """Nothing is on: no finder of importpatch's holds the slot (nor waits, nor fails closed)."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _pth_on.Slot)]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _slot.Slot)]
 
