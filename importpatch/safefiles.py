@@ -187,9 +187,19 @@ def write_atomic(path: str, data: bytes) -> bool:
         return False
 
 
-def read_regular(path: str) -> bytes:
+class TooBig(OSError):
+    """A file bigger than its reader allows (``read_regular``'s ``limit``); it was not read."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(f"{path} is {size} bytes, more than the {limit} allowed; not read")
+        self.path, self.size, self.limit = path, size, limit
+
+
+def read_regular(path: str, limit: int | None = None, *, head: bool = False) -> bytes:
     """The bytes of ``path`` if it is a regular file (a symlink to one is fine). Never blocks:
-    the file is checked before it is opened, opened non-blocking, and checked again."""
+    the file is checked before it is opened, opened non-blocking, and checked again. ``limit``:
+    never more bytes than that are read: a bigger file raises ``TooBig`` unread, or with
+    ``head`` gives its first ``limit`` bytes."""
     kind = not_regular(os.stat(path).st_mode)
     if kind:
         raise OSError(f"{path} is {kind}, not a regular file; not read")
@@ -199,12 +209,23 @@ def read_regular(path: str) -> bytes:
         kind = not_regular(st.st_mode)
         if kind:  # replaced between the two checks
             raise OSError(f"{path} is {kind}, not a regular file; not read")
+        if limit is not None and st.st_size > limit and not head:
+            raise TooBig(path, st.st_size, limit)
         chunks: list[bytes] = []
+        total = 0
         while True:
-            chunk = os.read(fd, max(st.st_size, 1 << 16))
+            want = max(st.st_size, 1 << 16)
+            if limit is not None:
+                want = min(want, limit + 1 - total)  # one more: tells a file that grew past it
+            chunk = os.read(fd, want) if want > 0 else b""
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
+            total += len(chunk)
+            if limit is not None and total > limit:
+                if head:
+                    return b"".join(chunks)[:limit]
+                raise TooBig(path, max(total, os.fstat(fd).st_size), limit)
     finally:
         os.close(fd)
 
