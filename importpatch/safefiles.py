@@ -230,6 +230,27 @@ def read_regular(path: str, limit: int | None = None, *, head: bool = False) -> 
         os.close(fd)
 
 
+# The most bytes a patch file may have. A patch file is text a person wrote or `git diff`
+# printed: the largest real ones (a vLLM port) are a few hundred KiB. A bigger "patch file" is a
+# mistake (a core dump, an 8 GB sparse file named .diff), and reading it whole would hold the
+# memory of every starting process: it is refused by its size, never read.
+MAX_PATCH_FILE_BYTES = 64 << 20
+
+
+def read_patch_file(path: str) -> bytes:
+    """The bytes of a patch file: a regular file (never blocks) of at most
+    ``MAX_PATCH_FILE_BYTES``. Raises OSError; one whose message names the file, its size and
+    what to do when it is too big (it is then not read at all)."""
+    try:
+        return read_regular(path, MAX_PATCH_FILE_BYTES)
+    except TooBig as exc:
+        raise OSError(
+            f"{path} is {exc.size / (1 << 30):.1f} GiB ({exc.size} bytes), more than a patch "
+            f"file may be ({MAX_PATCH_FILE_BYTES >> 20} MiB), so it is not read: a patch file is "
+            "the text of a declaration or a diff. Remove it from the patch folder (or move it "
+            "out), or fix what wrote it") from None
+
+
 def not_regular(mode: int) -> str:
     if stat.S_ISREG(mode):
         return ""

@@ -32,10 +32,13 @@ Invariants:
   and ``GeneratorExit`` included) makes a broken entry, recorded in the index so the source is not
   executed again until it changes. A real Ctrl-C (SIGINT received while patch code ran, main
   thread) is the exception: discovery is abandoned, nothing is written, and the interrupt goes on.
-- A broken source keeps the names it declared (a ``.diff`` header is read as text; the ``Patch``
-  objects a ``.py`` made before it failed are kept), so enabling it by name fails closed at the
-  target's import instead of "unknown patch name". A source that failed before declaring
-  anything has ``unsure`` set: whether it has a patch on by default is unknown.
+- A broken source keeps the names it declared (the ``Patch`` objects a ``.py`` made before it
+  failed), the names and targets its text states (read, never run: discover/stated.py) and those
+  it had in the previous index (``_recall``), so enabling it by name fails closed at the
+  target's import instead of "unknown patch name". One whose text names no target, or hides a
+  name, has ``unsure`` set: whether it has a patch on by default is unknown. A patch file is
+  read with a bound (``safefiles.MAX_PATCH_FILE_BYTES``): a bigger one is refused by its size,
+  unread.
 - A declaration must not import a module that its own patches target: in the first process after a
   change that module would load unpatched. Those patches are broken (the message names the
   declaration and says what to change) in every process; other sources' patches on that module are
@@ -48,8 +51,11 @@ Invariants:
   Declarations run in a child process under a time limit (``scan_bounded``,
   importpatch/discover/scanchild.py): one that hangs or ends the process is recorded broken like
   one that raises (a time-out only until it is retried:
-  ``_timeouts_due``), and the process that builds the index imports nothing they import. (Scanning
-  in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a chosen
+  ``_timeouts_due``), and the process that builds the index imports nothing they import. The
+  child streams each source's entries as it finishes: where it dies (the OOM killer's SIGKILL,
+  a failure outside any declaration) the finished ones stand and the others are broken
+  (``_partial``); a kill is not written down (``Index.partial``): the next process retries.
+  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a chosen
   patch targets, so its next import is patched or fails closed.) The
   cold process also forgets the Patch objects it made while scanning from patch files: like every
   warm process, it executes a patch file when a module it targets is imported.
@@ -85,27 +91,6 @@ _FIELDS = (
 # changing its timestamp (coarse file-system clocks): such an index is not written.
 RACY_NS = 20_000_000
 RACY_COARSE_NS = 2_000_000_000  # timestamps in whole seconds: a coarse file system
-
-# The most bytes a patch file may have. A patch file is text a person wrote or `git diff`
-# printed: the largest real ones (a vLLM port) are a few hundred KiB. A bigger "patch file" is a
-# mistake (a core dump, an 8 GB sparse file named .diff), and reading it whole would hold the
-# memory of every starting process: it is refused by its size, never read.
-MAX_PATCH_FILE_BYTES = 64 << 20
-
-
-def read_patch_file(path: str) -> bytes:
-    """The bytes of a patch file: a regular file (never blocks) of at most
-    ``MAX_PATCH_FILE_BYTES``. Raises OSError; one whose message names the file, its size and
-    what to do when it is too big (it is then not read at all)."""
-    try:
-        return safefiles.read_regular(path, MAX_PATCH_FILE_BYTES)
-    except safefiles.TooBig as exc:
-        raise OSError(
-            f"{path} is {exc.size / (1 << 30):.1f} GiB ({exc.size} bytes), more than a patch "
-            f"file may be ({MAX_PATCH_FILE_BYTES >> 20} MiB), so it is not read: a patch file is "
-            "the text of a declaration or a diff. Remove it from the patch folder (or move it "
-            "out), or fix what wrote it") from None
-
 
 class Entry:
     """What the index knows of one patch, without executing it."""
@@ -775,7 +760,7 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
     from importpatch.discover.declare import collecting, diff_text, patch_from_diff_file
 
     try:
-        raw = read_patch_file(file)
+        raw = safefiles.read_patch_file(file)
     except OSError as exc:
         return [], exc
     if file.endswith((".diff", ".patch")):

@@ -312,7 +312,7 @@ class Patch:
         if (text is None) == (path is None):
             raise DeclarationError(f"patch {self.name}: give the diff text or path=, not both")
         if path is not None:
-            from importpatch.discover.catalog import read_patch_file
+            from importpatch.safefiles import read_patch_file
 
             text = diff_text(read_patch_file(os.fspath(path)), os.fspath(path))
         assert text is not None
@@ -424,7 +424,7 @@ def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
     from importpatch.discover import diffparse
 
     if text is None:
-        from importpatch.discover.catalog import read_patch_file
+        from importpatch.safefiles import read_patch_file
 
         text = diff_text(read_patch_file(path), path)
     try:

@@ -32,10 +32,8 @@ _TARGET = re.compile(r"""["']([A-Za-z_][\w.|]*):[A-Za-z_][\w.]*["']""")
 def head_text(path: str) -> str | None:
     """The text of ``path`` (of its first ``HEAD_BYTES`` when it is bigger than a patch file may
     be), or None where it cannot be read (not a regular file, no permission)."""
-    from importpatch.discover.catalog import MAX_PATCH_FILE_BYTES
-
     try:
-        raw = safefiles.read_regular(path, MAX_PATCH_FILE_BYTES)
+        raw = safefiles.read_regular(path, safefiles.MAX_PATCH_FILE_BYTES)
     except safefiles.TooBig:
         try:
             raw = safefiles.read_regular(path, HEAD_BYTES, head=True)
