@@ -52,13 +52,13 @@ Invariants:
   importpatch/discover/scanchild.py): one that hangs or ends the process is recorded broken like
   one that raises (a time-out only until it is retried:
   ``_timeouts_due``), and the process that builds the index imports nothing they import. The
-  child streams each source's entries as it finishes: where it dies (the OOM killer's SIGKILL,
-  a failure outside any declaration) the finished ones stand and the others are broken
+  child streams each source's entries as it finishes: where it dies (the OOM killer's SIGKILL, a
+  failure outside any declaration) the finished ones stand and the others are broken
   (``_partial``); a kill is not written down (``Index.partial``): the next process retries.
-  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a chosen
-  patch targets, so its next import is patched or fails closed.) The
-  cold process also forgets the Patch objects it made while scanning from patch files: like every
-  warm process, it executes a patch file when a module it targets is imported.
+  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a
+  chosen patch targets, so its next import is patched or fails closed.) The cold process also
+  forgets the Patch objects it made while scanning from patch files: like every warm process, it
+  executes a patch file when a module it targets is imported.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
   different sources declaring one name are both broken, the error naming both.
 """

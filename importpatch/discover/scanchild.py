@@ -6,13 +6,13 @@ loads this module.
 The child runs ``catalog.scan_for_parent``, which drives the scan with the helpers below
 (``child_start``, ``child_progress``, ``child_done``): this module never imports the catalog.
 
-The parent blames the declaration that was running when the limit passed (or when the child
-ended without a result), kills the child, and scan_bounded starts it again with that source
-recorded broken and not executed. The child also streams each source's entries as it finishes
+The parent blames the declaration that was running when the limit passed (or when the child ended
+without a result), kills the child, and scan_bounded starts it again with that source recorded
+broken and not executed. The child also streams each source's entries as it finishes
 (``child_report``): a child killed by a signal (the OOM killer), or that failed outside any
-declaration, leaves what it finished (``Ended``), and only the rest is broken; a kill is
-retried by the next process, never recorded. The child never outlives the parent (it reads a
-pipe the parent holds open, and exits at its end) and ignores SIGINT (the parent decides what a Ctrl-C does).
+declaration, leaves what it finished (``Ended``), and only the rest is broken; a kill is retried by
+the next process, never recorded. The child never outlives the parent (it reads a pipe the parent
+holds open, and exits at its end) and ignores SIGINT (the parent decides what a Ctrl-C does).
 """
 
 from __future__ import annotations
