@@ -113,7 +113,7 @@ def test_a_file_broken_after_it_loaded_keeps_the_names_and_targets_of_the_last_i
     assert "unknown patch name" not in proc.stderr, proc.stderr
     last = patch_error(proc)
     assert "patch 'fix-computed' cannot apply to tpkg.other" in last, last
-    assert "a dependency moved" in last, last
+    assert "a dependency moved" in last and "importpatch check fix-computed" in last, last
 
 
 KILLED = """\

@@ -218,7 +218,8 @@ class Index:
             fmt, ident, watched, sig, entry_points, rows, timeouts = marshal.loads(data)
             if fmt != INDEX_FORMAT or ident != self.ident:
                 return False
-            self.previous = rows  # what a file broken now declared when it last loaded
+            if isinstance(rows, tuple):
+                self.previous = rows  # what a file broken now declared when it last loaded
             if signature(watched) != sig:
                 return False
             if timeouts and _timeouts_due(timeouts):
@@ -892,6 +893,12 @@ def _recall(entries: list[Entry], previous: tuple[tuple[Any, ...], ...]) -> None
             if same is None:
                 e = Entry(**{f: getattr(old, f) for f in _FIELDS})
                 e.error, e.unsure = error, unsure
+                if not str(error).startswith(_EXPLAINED):
+                    e.error = (
+                        f"{error}; {old.name} is known from the last index in which the file "
+                        "loaded, and the imports of its targets fail closed while it is "
+                        f"enabled: fix the declaration (`importpatch check {old.name}` shows the "
+                        f"error), or leave {old.name} out of {config.ENABLE}")
                 entries.insert(at, e)
                 at += 1
                 names[old.name] = e
