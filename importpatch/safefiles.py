@@ -187,9 +187,19 @@ def write_atomic(path: str, data: bytes) -> bool:
         return False
 
 
-def read_regular(path: str) -> bytes:
+class TooBig(OSError):
+    """A file bigger than its reader allows (``read_regular``'s ``limit``); it was not read."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(f"{path} is {size} bytes, more than the {limit} allowed; not read")
+        self.path, self.size, self.limit = path, size, limit
+
+
+def read_regular(path: str, limit: int | None = None, *, head: bool = False) -> bytes:
     """The bytes of ``path`` if it is a regular file (a symlink to one is fine). Never blocks:
-    the file is checked before it is opened, opened non-blocking, and checked again."""
+    the file is checked before it is opened, opened non-blocking, and checked again. ``limit``:
+    never more bytes than that are read: a bigger file raises ``TooBig`` unread, or with
+    ``head`` gives its first ``limit`` bytes."""
     kind = not_regular(os.stat(path).st_mode)
     if kind:
         raise OSError(f"{path} is {kind}, not a regular file; not read")
@@ -199,14 +209,46 @@ def read_regular(path: str) -> bytes:
         kind = not_regular(st.st_mode)
         if kind:  # replaced between the two checks
             raise OSError(f"{path} is {kind}, not a regular file; not read")
+        if limit is not None and st.st_size > limit and not head:
+            raise TooBig(path, st.st_size, limit)
         chunks: list[bytes] = []
+        total = 0
         while True:
-            chunk = os.read(fd, max(st.st_size, 1 << 16))
+            want = max(st.st_size, 1 << 16)
+            if limit is not None:
+                want = min(want, limit + 1 - total)  # one more: tells a file that grew past it
+            chunk = os.read(fd, want) if want > 0 else b""
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
+            total += len(chunk)
+            if limit is not None and total > limit:
+                if head:
+                    return b"".join(chunks)[:limit]
+                raise TooBig(path, max(total, os.fstat(fd).st_size), limit)
     finally:
         os.close(fd)
+
+
+# The most bytes a patch file may have. A patch file is text a person wrote or `git diff`
+# printed: the largest real ones (a vLLM port) are a few hundred KiB. A bigger "patch file" is a
+# mistake (a core dump, an 8 GB sparse file named .diff), and reading it whole would hold the
+# memory of every starting process: it is refused by its size, never read.
+MAX_PATCH_FILE_BYTES = 64 << 20
+
+
+def read_patch_file(path: str) -> bytes:
+    """The bytes of a patch file: a regular file (never blocks) of at most
+    ``MAX_PATCH_FILE_BYTES``. Raises OSError; one whose message names the file, its size and
+    what to do when it is too big (it is then not read at all)."""
+    try:
+        return read_regular(path, MAX_PATCH_FILE_BYTES)
+    except TooBig as exc:
+        raise OSError(
+            f"{path} is {exc.size / (1 << 30):.1f} GiB ({exc.size} bytes), more than a patch "
+            f"file may be ({MAX_PATCH_FILE_BYTES >> 20} MiB), so it is not read: a patch file is "
+            "the text of a declaration or a diff. Remove it from the patch folder (or move it "
+            "out), or fix what wrote it") from None
 
 
 def not_regular(mode: int) -> str:

@@ -32,10 +32,13 @@ Invariants:
   and ``GeneratorExit`` included) makes a broken entry, recorded in the index so the source is not
   executed again until it changes. A real Ctrl-C (SIGINT received while patch code ran, main
   thread) is the exception: discovery is abandoned, nothing is written, and the interrupt goes on.
-- A broken source keeps the names it declared (a ``.diff`` header is read as text; the ``Patch``
-  objects a ``.py`` made before it failed are kept), so enabling it by name fails closed at the
-  target's import instead of "unknown patch name". A source that failed before declaring
-  anything has ``unsure`` set: whether it has a patch on by default is unknown.
+- A broken source keeps the names it declared (the ``Patch`` objects a ``.py`` made before it
+  failed), the names and targets its text states (read, never run: discover/stated.py) and those
+  it had in the previous index (``_recall``), so enabling it by name fails closed at the
+  target's import instead of "unknown patch name". One whose text names no target, or hides a
+  name, has ``unsure`` set: whether it has a patch on by default is unknown. A patch file is
+  read with a bound (``safefiles.MAX_PATCH_FILE_BYTES``): a bigger one is refused by its size,
+  unread.
 - A declaration must not import a module that its own patches target: in the first process after a
   change that module would load unpatched. Those patches are broken (the message names the
   declaration and says what to change) in every process; other sources' patches on that module are
@@ -48,11 +51,14 @@ Invariants:
   Declarations run in a child process under a time limit (``scan_bounded``,
   importpatch/discover/scanchild.py): one that hangs or ends the process is recorded broken like
   one that raises (a time-out only until it is retried:
-  ``_timeouts_due``), and the process that builds the index imports nothing they import. (Scanning
-  in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a chosen
-  patch targets, so its next import is patched or fails closed.) The
-  cold process also forgets the Patch objects it made while scanning from patch files: like every
-  warm process, it executes a patch file when a module it targets is imported.
+  ``_timeouts_due``), and the process that builds the index imports nothing they import. The
+  child streams each source's entries as it finishes: where it dies (the OOM killer's SIGKILL, a
+  failure outside any declaration) the finished ones stand and the others are broken
+  (``_partial``); a kill is not written down (``Index.partial``): the next process retries.
+  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a
+  chosen patch targets, so its next import is patched or fails closed.) The cold process also
+  forgets the Patch objects it made while scanning from patch files: like every warm process, it
+  executes a patch file when a module it targets is imported.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
   different sources declaring one name are both broken, the error naming both.
 """
@@ -76,7 +82,7 @@ if TYPE_CHECKING:
     from importpatch.discover.declare import Patch
 
 GROUP = "importpatch.patches"
-INDEX_FORMAT = 6
+INDEX_FORMAT = 7  # 7: a broken file's entries carry the names and targets its text states
 _FIELDS = (
     "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
     "kinds", "doc", "error", "unsure", "defined",
@@ -85,7 +91,6 @@ _FIELDS = (
 # changing its timestamp (coarse file-system clocks): such an index is not written.
 RACY_NS = 20_000_000
 RACY_COARSE_NS = 2_000_000_000  # timestamps in whole seconds: a coarse file system
-
 
 class Entry:
     """What the index knows of one patch, without executing it."""
@@ -195,6 +200,11 @@ class Index:
         # process runs with a higher limit (see _timeouts_due).
         self.timeouts: tuple[tuple[str, float, float, int], ...] = ()
         self.tries: dict[str, int] = {}  # of an index read and found due: the tries so far
+        # The rows of the index this one replaces (read, found stale): _recall.
+        self.previous: tuple[tuple[Any, ...], ...] = ()
+        # Why this scan is not written down (discovery was killed: the next process retries it),
+        # or None.
+        self.partial: str | None = None
 
     def read(self) -> bool:
         if self.path is None:
@@ -206,7 +216,11 @@ class Index:
             return False
         try:
             fmt, ident, watched, sig, entry_points, rows, timeouts = marshal.loads(data)
-            if fmt != INDEX_FORMAT or ident != self.ident or signature(watched) != sig:
+            if fmt != INDEX_FORMAT or ident != self.ident:
+                return False
+            if isinstance(rows, tuple):
+                self.previous = rows  # what a file broken now declared when it last loaded
+            if signature(watched) != sig:
                 return False
             if timeouts and _timeouts_due(timeouts):
                 self.tries = {t[0]: t[3] for t in timeouts}
@@ -237,7 +251,8 @@ def load(toggles: config.Toggles) -> list[Entry]:
 # mtime, or there is no cache): kept in memory, by index identity, while the signature holds.
 # Scanning again in the same process would run the declarations with the finder installed, and a
 # declaration that imports its target would then fail through the finder, not be flagged.
-_unwritten: dict[str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...], Any]] = {}
+_unwritten: dict[
+    str, tuple[Any, tuple[str, ...], int, tuple[tuple[Any, ...], ...], Any, str | None]] = {}
 
 
 # A declaration cut off by the time limit is retried (scanchild.timeout_records writes when): a
@@ -261,11 +276,23 @@ def load_index(toggles: config.Toggles) -> Index:
         index.watched, index.entry_points, index.timeouts = kept[1], kept[2], kept[4]
         index.sig = kept[0]
         index.entries = [Entry.from_tuple(row) for row in kept[3]]
+        index.partial = kept[5]
+        if index.partial:
+            index.path = None  # (see below)
         return index
+    if kept is not None:
+        index.previous = kept[3]
     started = time.time_ns()
     cut_off: dict[str, float] = {}
+    ended: list[str] = []
     entries, watched, entry_points, imported_by, here = scan_bounded(
-        index.folders, index.dirs, index.user_site, cut_off)
+        index.folders, index.dirs, index.user_site, cut_off, ended)
+    _recall(entries, index.previous)
+    if ended:
+        # Discovery was killed (a SIGKILL from the OOM killer, a SIGTERM): not a verdict on the
+        # files it had not finished. Kept for this process only; the next one scans again. No
+        # path: neither the index nor a stamp (importpatch/_boot.py) is written from it.
+        index.partial, index.path = ended[0], None
     if cut_off:
         from importpatch.discover.scanchild import timeout_records
 
@@ -284,7 +311,8 @@ def load_index(toggles: config.Toggles) -> Index:
         _unwritten.pop(index.ident, None)
     else:
         _unwritten[index.ident] = (sig, index.watched, entry_points,
-                                   tuple(e.as_tuple() for e in entries), index.timeouts)
+                                   tuple(e.as_tuple() for e in entries), index.timeouts,
+                                   index.partial)
     # Like every warm process, execute a declaration (again) only when a target is imported; a
     # target loaded unpatched while declarations ran is dropped, so its import fails closed.
     # (Entry points stay as they are: their modules are ordinary imported modules, which a warm
@@ -358,19 +386,37 @@ def run_patch_code(fn: Callable[[], Any], source: str = "") -> tuple[Any, BaseEx
         watch.begin(source)
     if _progress is not None:
         _progress("begin", source)
+    pid = os.getpid()
     try:
         with _SigintWatch():
             try:
-                return fn(), None
+                result = fn()
             except BaseException as exc:  # noqa: BLE001 (patch code: anything at all)
+                _end_forked_child(pid, 1)
                 if isinstance(exc, KeyboardInterrupt) and _SigintWatch.hit:
                     raise
                 return None, exc
+            _end_forked_child(pid, 0)
+            return result, None
     finally:
         if watch is not None:
             watch.end(source)
         if _progress is not None:
             _progress("end", source)
+
+
+def _end_forked_child(pid: int, status: int) -> None:
+    """Patch code that forked (``os.fork()`` at module level, and the child fell off the end of
+    the file): the child, back here, must not go on. What follows the patch code is the rest of
+    discovery, the import that ran it and the user's program, all the parent's: run here as
+    well, the program would run twice (its output twice, its side effects twice). What the
+    patch code wanted of the child it did before it came back, so the child ends now: status 0
+    where the patch code returned, 1 where it raised. ``os._exit``, not ``sys.exit``: the exit
+    handlers (atexit, the discovery child's pipe, a pytest session) and the standard streams'
+    buffers are the parent's too (fork copied them), and flushing those would print what the
+    parent wrote before the fork a second time."""
+    if os.getpid() != pid:
+        os._exit(status)
 
 
 def describe(exc: BaseException) -> str:
@@ -406,8 +452,31 @@ def _scan(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None
 ) -> tuple[list[Entry], list[str], int, dict[str, str]]:
     entries: list[Entry] = []
-    watched: list[str] = []
     imported_by: dict[str, str] = {}
+    files, watched = _plan(folders)
+    for origin, file in files:
+        done = len(imported_by), len(watched)
+        found = _entries_of_file(origin, file, imported_by)
+        entries.extend(found)
+        if _report is not None:
+            _report("source", file, found, list(imported_by.items())[done[0]:],
+                    watched[done[1]:])
+    watched.extend(dirs)
+    if user_site and user_site not in dirs:
+        watched.append(user_site)  # may not exist yet: `pip install --user` creates it
+    eps = _entry_point_entries(dirs, watched, imported_by)
+    entries.extend(eps)
+    return entries, watched, len({e.source for e in eps}), imported_by
+
+
+def _plan(folders: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The patch files of ``folders`` in the order they are declared, (origin, file) each, and
+    the paths they make the index watch (each folder, its helpers, the files). Lists, never
+    executes: the parent of a discovery child that died names the files it had not finished."""
+    from importpatch.discover.folders import helper_files
+
+    files: list[tuple[str, str]] = []
+    watched: list[str] = []
     files_seen: set[tuple[int, int]] = set()  # (device, inode): a hard-linked copy is one file
     for origin, folder in folders:
         watched.append(folder)
@@ -415,8 +484,6 @@ def _scan(
             names = sorted(os.listdir(folder))
         except OSError:
             continue
-        from importpatch.discover.folders import helper_files
-
         watched.extend(helper_files(folder))  # before the files run: what they may import
         for fname in names:
             if fname.startswith((".", "_")) or not fname.endswith((".py", ".diff", ".patch")):
@@ -431,13 +498,8 @@ def _scan(
                 if (st.st_dev, st.st_ino) in files_seen:
                     continue  # the same file reached again: one patch, declared once
                 files_seen.add((st.st_dev, st.st_ino))
-            entries.extend(_entries_of_file(origin, file, imported_by))
-    watched.extend(dirs)
-    if user_site and user_site not in dirs:
-        watched.append(user_site)  # may not exist yet: `pip install --user` creates it
-    eps = _entry_point_entries(dirs, watched, imported_by)
-    entries.extend(eps)
-    return entries, watched, len({e.source for e in eps}), imported_by
+            files.append((origin, file))
+    return files, watched
 
 
 # -- discovery with a time limit -----------------------------------------------------------------
@@ -455,15 +517,19 @@ def _scan(
 _skipped: dict[str, str] = {}
 # Set in the child: called with ("begin" | "end", source) around each run of patch code.
 _progress: Callable[[str, str], None] | None = None
+# Set in the child: called with ("source", source, entries, imported, watched) as each source
+# finishes, and ("listed", sources) when the entry points are listed (scanchild.child_report).
+_report: Callable[..., None] | None = None
 
 
 def scan_bounded(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None = None,
-    cut_off: dict[str, float] | None = None,
+    cut_off: dict[str, float] | None = None, ended: list[str] | None = None,
 ) -> tuple[list[Entry], list[str], int, dict[str, str], bool]:
     """``scan`` under a time limit per declaration; the last item: whether the declarations ran
     in this process (no limit set, or no child process could be started). ``cut_off`` gets the
-    sources the limit cut off, with the limit."""
+    sources the limit cut off, with the limit; ``ended`` how discovery ended where it was killed
+    (its result is then partial and not to be written down: the next process retries)."""
     limit = config.discovery_timeout(os.environ)
     exe = os.path.basename(sys.executable or "")
     if (limit <= 0 or os.name != "posix" or watcher is not None
@@ -476,35 +542,95 @@ def scan_bounded(
         outcome = scan_in_child(folders, dirs, user_site, skipped, limit, _SigintWatch())
         if outcome is None:  # no child process here: scan in this one, without a limit
             return (*scan(folders, dirs, user_site), True)
-        if len(outcome) == 4:
+        if isinstance(outcome, tuple):
             rows, watched, entry_points, imported_by = outcome
             return [Entry.from_tuple(r) for r in rows], watched, entry_points, imported_by, False
-        source, why = outcome
-        if source is None or source in skipped:
-            raise RuntimeError(f"discovery of patches {why} (not in a declaration); "
-                               f"{config.DISCOVERY_TIMEOUT} sets the limit")
-        if why.startswith("ran longer") and cut_off is not None:
-            cut_off[source] = limit  # its error is written with its retry time (load_index)
-        skipped[source] = (
-            f"did not finish: its declaration {why} while patches were discovered; it is "
-            "recorded as broken and not run again until it changes (a declaration only "
-            f"declares; {config.DISCOVERY_TIMEOUT} sets the limit)"
-        )
+        source = outcome.blame
+        if not outcome.retried and source is not None and source not in skipped:
+            # A declaration that ran too long or ended the process: blamed, and not run again.
+            if outcome.timed_out and cut_off is not None:
+                cut_off[source] = limit  # its error is written with its retry time (load_index)
+            skipped[source] = (
+                f"did not finish: its declaration {outcome.why} while patches were discovered; "
+                "it is recorded as broken and not run again until it changes (a declaration "
+                f"only declares; {config.DISCOVERY_TIMEOUT} sets the limit)"
+            )
+            continue
+        # Discovery itself ended (killed, or failed outside any declaration): what it finished
+        # stands; each source it had not finished is a failure of its own, with the names and
+        # targets its text states, so that those targets fail closed.
+        if outcome.retried and ended is not None:
+            ended.append(outcome.how)
+        return (*_partial(outcome, folders, dirs, user_site), False)
+
+
+def _partial(
+    outcome: Any, folders: list[tuple[str, str]], dirs: list[str], user_site: str | None
+) -> tuple[list[Entry], list[str], int, dict[str, str]]:
+    """The entries of a discovery child that ended before its result (scanchild.Ended)."""
+    files, watched = _plan(folders)
+    watched.extend(p for p in [*dirs, *([user_site] if user_site else []), *outcome.watched]
+                   if p not in watched)
+    after = f", after {outcome.last} finished" if outcome.last else ""
+    if outcome.retried:
+        then = ("; that is not a verdict on the patch: it is not applied in this process, "
+                "and the next process discovers again (where this recurs, find what kills the "
+                "discovery process: the OOM killer, a time limit)")
+    else:
+        then = ("; it is recorded as broken until a patch file changes: a declaration must "
+                "only declare (not end the process, change sys.meta_path or remove what "
+                "importpatch imported)")
+
+    def error(source: str) -> str:
+        return f"discovery ended before it finished {source} ({outcome.how}{after}){then}"
+
+    entries: list[Entry] = []
+    planned = {file for _, file in files}
+    for origin, file in files:
+        rows = outcome.finished.get(file)
+        if rows is not None:
+            entries.extend(Entry.from_tuple(r) for r in rows)
+        else:
+            entries.extend(_broken_entries(origin, file, error(file)))
+    for source, rows in outcome.finished.items():
+        if source not in planned and not source.startswith("entry point "):
+            entries.extend(Entry.from_tuple(r) for r in rows)
+    if outcome.listed is None:  # died before it listed the patch packages: unknown ones
+        entries.append(_entry_point_failed(
+            GROUP, f"the entry points of {GROUP}",
+            error(f"listing the patch packages (entry points of {GROUP})")))
+        entry_points = 1
+    else:
+        for source in outcome.listed:
+            rows = outcome.finished.get(source)
+            if rows is not None:
+                entries.extend(Entry.from_tuple(r) for r in rows)
+            else:
+                name = source.removeprefix("entry point ").partition(" = ")[0]
+                entries.append(_entry_point_failed(name, source, error(source)))
+        entry_points = len(outcome.listed)
+    return entries, watched, entry_points, dict(outcome.imported_by)
 
 
 def scan_for_parent(from_parent: int, to_parent: int) -> None:
     """The child process of ``scan_bounded`` (importpatch/discover/scanchild.py starts it): scan as
-    the parent asks, telling it which declaration runs; send the result and exit."""
-    global _progress
+    the parent asks, telling it which declaration runs and what each source declared as it
+    finishes; send the result and exit."""
+    global _progress, _report
     from importpatch.discover import scanchild
 
     folders, dirs, user_site, skipped = scanchild.child_start(from_parent, to_parent)
     _skipped.update(skipped)
     _progress = lambda kind, source: scanchild.child_progress(  # noqa: E731
         to_parent, kind, source)
-    entries, watched, entry_points, imported_by = scan(
-        [tuple(f) for f in folders], list(dirs), user_site)
-    _progress = None
+    _report = lambda kind, *payload: scanchild.child_report(  # noqa: E731
+        to_parent, kind, *payload)
+    try:
+        entries, watched, entry_points, imported_by = scan(
+            [tuple(f) for f in folders], list(dirs), user_site)
+    except BaseException as exc:  # noqa: BLE001 (not patch code's: run_patch_code catches that)
+        scanchild.child_failed(to_parent, describe(exc))
+    _progress = _report = None
     scanchild.child_done(to_parent, (tuple(e.as_tuple() for e in entries), tuple(watched),
                                      entry_points, imported_by))
 
@@ -635,7 +761,7 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
     from importpatch.discover.declare import collecting, diff_text, patch_from_diff_file
 
     try:
-        raw = safefiles.read_regular(file)
+        raw = safefiles.read_patch_file(file)
     except OSError as exc:
         return [], exc
     if file.endswith((".diff", ".patch")):
@@ -677,10 +803,7 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
 
 def _entries_of_file(origin: str, file: str, imported_by: dict[str, str]) -> list[Entry]:
     if file in _skipped:  # it did not finish in an earlier try: not executed again
-        entries = _broken_entries(origin, file, DeclarationFailed(TimeoutError(), []))
-        for e in entries:
-            e.error = _skipped[file]
-        return entries
+        return _broken_entries(origin, file, _skipped[file])
     with _NewModules(file, imported_by):
         try:
             patches = _load_file(file)
@@ -689,47 +812,112 @@ def _entries_of_file(origin: str, file: str, imported_by: dict[str, str]) -> lis
     return [Entry.from_patch(p, origin, file, file) for p in patches]
 
 
-def _broken_entries(origin: str, file: str, failure: DeclarationFailed) -> list[Entry]:
-    """Entries for a declaration that failed: by the names it declared when they are known."""
-    error = str(failure)
-    guessed = tuple(guess_modules(file))
-    if failure.made:
-        return [Entry.from_patch(p, origin, file, file, error=error, extra_modules=guessed)
-                for p in failure.made]
-    header = _diff_header(file) if file.endswith((".diff", ".patch")) else {}
-    if header.get("name"):
-        default = (header.get("default") or ["off"])[0].lower() in ("on", "true", "yes")
-        on_error = (header.get("on-error") or ["fail"])[0].lower()
-        return [Entry(
-            name=header["name"][0], origin=origin, source=file, file=file,
-            requires=tuple(r.strip() for line in header.get("requires", [])
-                           for r in line.split(";") if r.strip()),
-            default=default and origin != "builtin", on_error=on_error,
-            modules=tuple((m,) for m in guessed), targets=(), kinds=("diff",),
-            doc=(header.get("summary") or [""])[0], error=error,
-        )]
+def _broken_entries(origin: str, file: str, failure: DeclarationFailed | str) -> list[Entry]:
+    """Entries for a declaration that failed (raised, ran past the limit, could not be read, was
+    not reached before discovery ended): by the names it declared when they are known, else by
+    the names its text states (read, never run: importpatch/discover/stated.py), each with the
+    modules the text names, so that enabling it by its name fails its targets closed. One whose
+    text names no target (or hides a name) is ``unsure``: every process says so."""
+    from importpatch.discover import stated
+
+    error = failure if isinstance(failure, str) else str(failure)
+    made = [] if isinstance(failure, str) else failure.made
+    said = stated.of_file(file)
+    every = tuple(dict.fromkeys(m for g in said.every() for m in g))
+    out = [Entry.from_patch(p, origin, file, file, error=error, extra_modules=every)
+           for p in made]
+    known = {e.name for e in out}
+    diff = file.endswith((".diff", ".patch"))
+    unread = isinstance(getattr(failure, "cause", None), OSError)
+    for name in said.names:
+        if name in known:
+            continue
+        modules = tuple(said.modules.get(name, ()))
+        fix = "" if error.startswith(_EXPLAINED) else (
+            f"; {name} is read from the file's text (it did not run to the end), and the imports "
+            f"of its targets fail closed while it is enabled" + ("" if unread else (
+                f": fix the declaration (`importpatch check {name}` shows the error), or leave "
+                f"{name} out of {config.ENABLE}")))
+        out.append(Entry(
+            name=name, origin=origin, source=file, file=file,
+            requires=said.requires.get(name, ()),
+            default=name in said.default and origin != "builtin", on_error="fail",
+            modules=modules, targets=(), kinds=("diff",) if diff else (), doc="",
+            error=error + fix, unsure=origin != "builtin" and not (said.sure and modules),
+        ))
+    if out:
+        return out
     stem = os.path.splitext(os.path.basename(file))[0]
     return [Entry(
         name=stem, origin=origin, source=file, file=file, requires=(), default=False,
-        on_error="fail", modules=tuple((m,) for m in guessed), targets=(), kinds=(), doc="",
+        on_error="fail", modules=tuple(said.every()), targets=(), kinds=(), doc="",
         error=error, unsure=origin != "builtin",
     )]
 
 
-def _diff_header(file: str) -> dict[str, list[str]]:
-    """The metadata header of a diff file, read as text (its body may not parse)."""
-    from importpatch.discover.declare import parse_header
+# Errors that say what to do already (a time-out, a death of discovery).
+_EXPLAINED = ("did not finish", "discovery ended")
 
-    try:
-        text = safefiles.read_regular(file).decode("utf-8", "replace")
-    except OSError:
-        return {}
-    preamble = []
-    for line in text.splitlines():
-        if line.startswith(("diff --git ", "--- ", "+++ ", "@@ ")):
-            break
-        preamble.append(line)
-    return parse_header("\n".join(preamble))
+
+def _recall(entries: list[Entry], previous: tuple[tuple[Any, ...], ...]) -> None:
+    """A patch file broken now that loaded in the previous index (before its last change, or
+    before the scan that broke off) keeps the names and modules it had then: enabled by one of
+    them, its targets fail closed (the names its text states are there already)."""
+    before: dict[str, list[Entry]] = {}
+    for row in previous:
+        try:
+            old = Entry.from_tuple(row)
+        except Exception:  # noqa: S112 (a row of another layout: nothing to recall)
+            continue
+        if old.file and not old.error and old.modules:
+            before.setdefault(old.file, []).append(old)
+    if not before:
+        return
+    by_file: dict[str, list[Entry]] = {}
+    for e in entries:
+        if e.file:
+            by_file.setdefault(e.file, []).append(e)
+    for file, mine in by_file.items():
+        if file not in before or not all(e.error for e in mine):
+            continue  # it loads now: its names are what it declares now
+        error, unsure = mine[0].error, any(e.unsure for e in mine)
+        stem = os.path.splitext(os.path.basename(file))[0]
+        old_names = {o.name for o in before[file]}
+        # The stem entry of a file whose text states no name: known better now.
+        placeholder = [e for e in mine if e.name == stem and e.unsure and stem not in old_names
+                       and len(mine) == 1]
+        names = {e.name: e for e in mine}
+        at = entries.index(mine[-1]) + 1
+        for old in before[file]:
+            same = names.get(old.name)
+            if same is None:
+                e = Entry(**{f: getattr(old, f) for f in _FIELDS})
+                e.error, e.unsure = error, unsure
+                if not str(error).startswith(_EXPLAINED):
+                    e.error = (
+                        f"{error}; {old.name} is known from the last index in which the file "
+                        "loaded, and the imports of its targets fail closed while it is "
+                        f"enabled: fix the declaration (`importpatch check {old.name}` shows the "
+                        f"error), or leave {old.name} out of {config.ENABLE}")
+                entries.insert(at, e)
+                at += 1
+                names[old.name] = e
+            else:
+                e = same
+                e.modules = tuple(dict.fromkeys((*e.modules, *old.modules)))
+                e.targets = e.targets or old.targets
+                e.kinds = e.kinds or old.kinds
+        for e in placeholder:
+            entries.remove(e)
+
+
+def guess_modules(file: str) -> list[str]:
+    """Target modules named in a declaration that failed to load: '+++ b/x/y.py' lines of a diff,
+    'pkg.mod:Name' strings of a .py file (read, never run)."""
+    from importpatch.discover import stated
+
+    said = stated.of_file(file)
+    return list(dict.fromkeys(m for groups in said.modules.values() for g in groups for m in g))
 
 
 def _entry_point_entries(
@@ -744,41 +932,54 @@ def _entry_point_entries(
     except Exception:
         return entries
     seen: set[tuple[str, str]] = set()
+    todo = []
     for ep in sorted(eps, key=lambda e: (e.name, e.value)):
-        if (ep.name, ep.value) in seen:  # one distribution found twice on the path
-            continue
-        seen.add((ep.name, ep.value))
-        source = f"entry point {ep.name} = {ep.value}"
-        if source in _skipped:  # it did not finish in an earlier try: not imported again
-            watched.extend(f for f in _module_files(ep.module, dirs) if f not in watched)
-            entries.append(Entry(
-                name=ep.name, origin="entry-point", source=source, file=None, requires=(),
-                default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
-                error=_skipped[source], unsure=True,
-            ))
-            continue
-        with _NewModules(source, imported_by) as new:
-            found, exc = _run_entry_point(ep.value, source)
-        top = ep.module.partition(".")[0]
-        for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
-            if name == top or name.startswith(top + "."):
-                mod_file = getattr(sys.modules.get(name), "__file__", None)
-                if mod_file and mod_file not in watched:
-                    watched.append(mod_file)
-        if exc is not None and not found:
-            entries.append(Entry(
-                name=ep.name, origin="entry-point", source=source, file=None, requires=(),
-                default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
-                error=describe(exc), unsure=True,
-            ))
-            continue
-        for p in found:
-            p.source, p.origin = source, "entry-point"
-            error = describe(exc) if exc is not None else None
-            entries.append(Entry.from_patch(p, "entry-point", source, None, error=error))
-            if error is None:
-                _ep_patches[p.name] = p
+        if (ep.name, ep.value) not in seen:  # one distribution found twice on the path: once
+            seen.add((ep.name, ep.value))
+            todo.append((ep, f"entry point {ep.name} = {ep.value}"))
+    if _report is not None:
+        _report("listed", [source for _, source in todo])
+    for ep, source in todo:
+        done = len(imported_by), len(watched)
+        found = _entries_of_entry_point(ep, source, dirs, watched, imported_by)
+        entries.extend(found)
+        if _report is not None:
+            _report("source", source, found, list(imported_by.items())[done[0]:],
+                    watched[done[1]:])
     return entries
+
+
+def _entries_of_entry_point(
+    ep: Any, source: str, dirs: list[str], watched: list[str], imported_by: dict[str, str]
+) -> list[Entry]:
+    if source in _skipped:  # it did not finish in an earlier try: not imported again
+        watched.extend(f for f in _module_files(ep.module, dirs) if f not in watched)
+        return [_entry_point_failed(ep.name, source, _skipped[source])]
+    with _NewModules(source, imported_by) as new:
+        found, exc = _run_entry_point(ep.value, source)
+    top = ep.module.partition(".")[0]
+    for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
+        if name == top or name.startswith(top + "."):
+            mod_file = getattr(sys.modules.get(name), "__file__", None)
+            if mod_file and mod_file not in watched:
+                watched.append(mod_file)
+    if exc is not None and not found:
+        return [_entry_point_failed(ep.name, source, describe(exc))]
+    entries = []
+    for p in found:
+        p.source, p.origin = source, "entry-point"
+        error = describe(exc) if exc is not None else None
+        entries.append(Entry.from_patch(p, "entry-point", source, None, error=error))
+        if error is None:
+            _ep_patches[p.name] = p
+    return entries
+
+
+def _entry_point_failed(name: str, source: str, error: str) -> Entry:
+    """A patch package that declared nothing before it failed: what it holds is unknown."""
+    return Entry(name=name, origin="entry-point", source=source, file=None, requires=(),
+                 default=False, on_error="fail", modules=(), targets=(), kinds=(), doc="",
+                 error=error, unsure=True)
 
 
 _ep_patches: dict[str, Patch] = {}
@@ -946,20 +1147,3 @@ def retry_declaration(entry: Entry) -> None:
         if p.name == entry.name:
             entry._patch, entry.error = p, None
             return
-
-
-def guess_modules(file: str) -> list[str]:
-    """Target modules named in a declaration that failed to load: '+++ b/x/y.py' lines of a diff,
-    'pkg.mod:Name' strings of a .py file."""
-    import re
-
-    try:
-        text = safefiles.read_regular(file).decode("utf-8", "replace")
-    except OSError:
-        return []
-    mods: list[str] = []
-    for m in re.finditer(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)\.py\s*$", text, re.M):
-        mods.append(m.group(1).replace("/", ".").removesuffix(".__init__"))
-    for m in re.finditer(r"""["']([A-Za-z_][\w.|]*):[A-Za-z_][\w.]*["']""", text):
-        mods.extend(m.group(1).split("|"))
-    return list(dict.fromkeys(mods))

@@ -312,8 +312,9 @@ class Patch:
         if (text is None) == (path is None):
             raise DeclarationError(f"patch {self.name}: give the diff text or path=, not both")
         if path is not None:
-            with open(path, "rb") as f:
-                text = diff_text(f.read(), os.fspath(path))
+            from importpatch.safefiles import read_patch_file
+
+            text = diff_text(read_patch_file(os.fspath(path)), os.fspath(path))
         assert text is not None
         try:
             parsed = diffparse.parse(text)
@@ -423,8 +424,9 @@ def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
     from importpatch.discover import diffparse
 
     if text is None:
-        with open(path, "rb") as f:
-            text = diff_text(f.read(), path)
+        from importpatch.safefiles import read_patch_file
+
+        text = diff_text(read_patch_file(path), path)
     try:
         parsed = diffparse.parse(text)
     except diffparse.DiffError as exc:

@@ -6,9 +6,12 @@ loads this module.
 The child runs ``catalog.scan_for_parent``, which drives the scan with the helpers below
 (``child_start``, ``child_progress``, ``child_done``): this module never imports the catalog.
 
-The parent blames the declaration that was running when the limit passed (or when the child
-ended without a result), kills the child, and scan_bounded starts it again with that source
-recorded broken and not executed. The child never outlives the parent (it reads a pipe the parent
+The parent blames the declaration that was running when the limit passed (or when the child ended
+without a result), kills the child, and scan_bounded starts it again with that source recorded
+broken and not executed. The child also streams each source's entries as it finishes
+(``child_report``): a child killed by a signal (the OOM killer), or that failed outside any
+declaration, leaves what it finished (``Ended``), and only the rest is broken; a kill is retried by
+the next process, never recorded. The child never outlives the parent (it reads a pipe the parent
 holds open, and exits at its end) and ignores SIGINT (the parent decides what a Ctrl-C does).
 """
 
@@ -43,10 +46,10 @@ def _write_all(fd: int, data: bytes) -> None:
 def scan_in_child(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None,
     skipped: dict[str, str], limit: float, watch: AbstractContextManager[Any],
-) -> Found | tuple[str | None, str] | None:
-    """The scan's result from a child process; or (the source to blame or None, what happened);
-    or None when no child could be started. ``watch``: held while waiting (the catalog's Ctrl-C
-    watch)."""
+) -> Found | Ended | None:
+    """The scan's result from a child process; or, where it ended without one, what it had
+    streamed and how it ended (``Ended``); or None when no child could be started. ``watch``:
+    held while waiting (the catalog's Ctrl-C watch)."""
     import select
     import subprocess
 
@@ -80,6 +83,7 @@ def scan_in_child(
     stack: list[str] = []
     buf = b""
     heard = False  # the child said hello: it runs importpatch (else scan here, as before)
+    ended = Ended()  # what the child streamed so far: kept when it dies
     try:
         with watch:  # a real Ctrl-C while we wait stops this process (see _boot)
             _write_all(to_child, request)
@@ -89,7 +93,12 @@ def scan_in_child(
                 if left <= 0:
                     if not heard:
                         return None
-                    return (stack[0] if stack else None, f"ran longer than {limit:g} s")
+                    ended.blame = stack[0] if stack else None
+                    ended.why = f"ran longer than {limit:g} s"
+                    ended.how = f"it ran longer than {limit:g} s" + (
+                        "" if stack else " outside any declaration")
+                    ended.timed_out = True
+                    return ended
                 if not select.select([from_child], [], [], left)[0]:
                     continue
                 chunk = os.read(from_child, 1 << 16)
@@ -97,7 +106,11 @@ def scan_in_child(
                     if not heard:
                         return None
                     code_ = proc.wait()
-                    return (stack[0] if stack else None, f"ended the process (exit {code_})")
+                    ended.blame = stack[0] if stack else None
+                    ended.why = f"ended the process (exit {code_})"
+                    ended.how = ended.failed or _how_it_ended(code_)
+                    ended.signal = -code_ if code_ < 0 else None
+                    return ended
                 buf += chunk
                 while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
                     size = int.from_bytes(buf[:4], "big")
@@ -109,6 +122,17 @@ def scan_in_child(
                     elif msg[0] == "end":
                         if stack:
                             stack.pop()
+                    elif msg[0] == "source":  # one source finished: its entries
+                        _, source, rows, imported, watched = msg
+                        ended.finished[source] = list(rows)
+                        ended.last = source
+                        for module, by in imported:
+                            ended.imported_by.setdefault(module, by)
+                        ended.watched.extend(watched)
+                    elif msg[0] == "listed":  # the patch packages' entry points
+                        ended.listed = list(msg[1])
+                    elif msg[0] == "failed":  # the scan itself raised (not patch code)
+                        ended.failed = f"it raised {msg[1]}"
                     else:
                         rows, watched, entry_points, imported_by = msg[1:]
                         return (list(rows), list(watched), entry_points, dict(imported_by))
@@ -119,6 +143,46 @@ def scan_in_child(
         proc.wait()
         os.close(to_child)
         os.close(from_child)
+
+
+class Ended:
+    """A discovery child that ended without its result (it died, or the limit passed): whom to
+    blame (the outermost declaration running then, or None), why (as the blame is worded), how
+    (for a user), the signal that killed it, and what it had finished: entries (as tuples) by
+    source, the modules they imported, the paths they watch, the entry points it listed."""
+
+    def __init__(self) -> None:
+        self.blame: str | None = None
+        self.why = self.how = ""
+        self.signal: int | None = None
+        self.timed_out = False
+        self.failed = ""
+        self.finished: dict[str, list[Any]] = {}
+        self.last: str | None = None
+        self.imported_by: dict[str, str] = {}
+        self.watched: list[str] = []
+        self.listed: list[str] | None = None
+
+    @property
+    def retried(self) -> bool:
+        """A death that says nothing about the patch code (the OOM killer's SIGKILL, a SIGTERM
+        or SIGINT sent to the child, the limit passing outside any declaration): the next
+        process discovers again, rather than recording a healthy patch broken until it changes."""
+        import signal
+
+        return (self.signal in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+                or (self.timed_out and self.blame is None))
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"it exited with status {code}"
 
 
 # A declaration cut off by the time limit is retried by the first start after this many times
@@ -187,6 +251,26 @@ def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
 def child_progress(to_parent: int, kind: str, source: str) -> None:
     """Tell the parent a declaration begins or ends (whom to blame when the limit passes)."""
     _write_all(to_parent, _frame((kind, source)))
+
+
+def child_report(to_parent: int, kind: str, *payload: Any) -> None:
+    """Stream to the parent what the scan finished: ("source", source, entries, imported,
+    watched) as each source ends, ("listed", sources) once the entry points are listed. A child
+    that dies later (the OOM killer) loses only what it had not finished."""
+    if kind == "source":
+        source, entries, imported, watched = payload
+        payload = (source, tuple(e.as_tuple() for e in entries), tuple(imported), tuple(watched))
+    _write_all(to_parent, _frame((kind, *payload)))
+
+
+def child_failed(to_parent: int, what: str) -> None:
+    """The scan itself raised (a declaration took away what it needs: ``sys.meta_path`` cleared):
+    say so (the parent names it), exit without a traceback on the user's terminal."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        _write_all(to_parent, _frame(("failed", what)))
+    os._exit(1)
 
 
 def child_done(to_parent: int, result: tuple[Any, ...]) -> None:
