@@ -1,0 +1,77 @@
+"""Edges of the start and of a refused target (issue 34, items 7 and "small edges"): a source
+diff for a C-extension module, a request of thousands of unknown names or missing folders, and
+what coverage.py sees of a patched module."""
+
+from __future__ import annotations
+
+import json
+
+from coreutil import EVENTS, Lab
+
+# A diff whose header names math.py: math is a C extension here (lib-dynload) or built in.
+MATH_DIFF = """\
+--- a/math.py
++++ b/math.py
+@@ -1,1 +1,1 @@
+-x = 1
++x = 2
+"""
+
+
+def _math_is(lab: Lab) -> tuple[str, str]:
+    """(origin, what importpatch calls it) of math in this interpreter, asked with nothing on."""
+    origin = lab.ok("import math; print(math.__spec__.origin)", enable=None).stdout.strip()
+    return origin, ("a built-in module" if origin == "built-in" else "a C extension")
+
+
+def test_a_source_diff_for_a_c_extension_is_said_and_pip_keeps_working(lab: Lab) -> None:
+    lab.patch({"mathdiff.diff": MATH_DIFF})
+    origin, what = _math_is(lab)
+    # The first run builds the index (discovery imports math before the hook); the later ones
+    # start warm, with math imported through the finder: there the refusal's own message used to
+    # import importlib.metadata -> random -> "from math import pi" of the half-loaded math.
+    for _ in range(3):
+        proc = lab.run(["-m", "pip", "--version"], enable="mathdiff")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("pip "), proc.stdout
+        assert "partially initialized" not in proc.stderr, proc.stderr
+    proc = lab.ok(f"import math, importpatch.events; print(math.pi); print({EVENTS})",
+                  enable="mathdiff")
+    pi, events = proc.stdout.splitlines()
+    assert pi == "3.141592653589793"
+    said = (f"importpatch: warning: patch mathdiff: the diff {lab.patches / 'mathdiff.diff'} "
+            f"targets math, which is {what} (origin: {origin}), not Python source: a source diff "
+            "cannot apply to it")
+    assert said in proc.stderr, proc.stderr
+    assert "math is imported unpatched (set IMPORTPATCH_STRICT=1" in proc.stderr, proc.stderr
+    assert ["missing", "mathdiff", "math", "target-module"] in json.loads(
+        events.replace("'", '"')), events
+    # Under strict mode the import of math fails closed, naming the patch and the file.
+    strict = lab.run("import math", enable="mathdiff", env={"IMPORTPATCH_STRICT": "1"})
+    last = strict.stderr.strip().splitlines()[-1]
+    assert strict.returncode == 1
+    assert last.startswith("importpatch.errors.PatchError: importpatch: patch 'mathdiff' cannot "
+                           f"apply to math ({origin})"), strict.stderr
+    assert f"which is {what}" in last and "IMPORTPATCH_STRICT is on" in last, last
+
+
+def test_a_refused_c_extension_target_fails_closed_naming_the_patch(lab: Lab) -> None:
+    # A Python-level patch of a C extension is refused (the loader needs .py source): the import
+    # fails closed, and the refusal's message is made without importing anything.
+    lab.patch({"rm.py": """
+        from importpatch import Patch
+        Patch("rm").replace("math:sqrt", lambda x: 0.0)
+        """})
+    origin, what = _math_is(lab)
+    for _ in range(3):  # cold, then warm (math imported through the finder)
+        proc = lab.run("import math", enable="rm")
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+        if proc.returncode == 0:
+            continue  # the cold run: discovery imported math before the hook
+        assert "partially initialized" not in proc.stderr, proc.stderr
+        assert last == (f"importpatch.errors.PatchError: importpatch: patch 'rm' cannot apply to "
+                        f"math ({origin}), math version unknown: math is {what}: only modules "
+                        f"loaded from .py source can be patched (origin: {origin})"), proc.stderr
+        break
+    else:
+        raise AssertionError("math was never imported through the finder")
