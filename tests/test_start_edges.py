@@ -75,3 +75,28 @@ def test_a_refused_c_extension_target_fails_closed_naming_the_patch(lab: Lab) ->
         break
     else:
         raise AssertionError("math was never imported through the finder")
+
+
+def _warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("importpatch: warning: ")]
+
+
+def test_ten_thousand_unknown_names_are_one_short_line(lab: Lab) -> None:
+    # 25 known patches (more than the 20 the line lists) and 10,000 names no patch has.
+    lab.patch({f"k{i:02}.py": f"""
+        from importpatch import Patch
+        Patch("known-{i:02}").replace("tpkg.mod:f", lambda: 1)
+        """ for i in range(25)})
+    names = [f"nm{i}" for i in range(10_000)]
+    proc = lab.ok("pass", enable=",".join(names))
+    (line,) = [w for w in _warnings(proc.stderr) if "unknown patch name" in w]
+    listed = sorted(names)[:10]
+    assert line.startswith(f"importpatch: warning: unknown patch name(s) {', '.join(listed)} in "
+                           "IMPORTPATCH_ENABLE, and 9,990 more; known: "), line[:300]
+    known = line.partition("; known: ")[2].split(", ")
+    # the first 20 known names (25 of the folder's and the built-in ones), then how many more
+    assert len(known) == 21 and known[:20] == sorted(known[:20]) and "known-00" in known, known
+    more = known[-1].split()
+    assert more[0] == "and" and int(more[1]) >= 5 and more[2:] == ["more"], known
+    assert len(line) < 1_000, len(line)
+    assert len(proc.stderr) < 2_000, len(proc.stderr)
