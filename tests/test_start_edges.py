@@ -100,3 +100,34 @@ def test_ten_thousand_unknown_names_are_one_short_line(lab: Lab) -> None:
     assert more[0] == "and" and int(more[1]) >= 5 and more[2:] == ["more"], known
     assert len(line) < 1_000, len(line)
     assert len(proc.stderr) < 2_000, len(proc.stderr)
+
+
+def test_three_thousand_missing_folders_are_one_line(lab: Lab) -> None:
+    lab.target({"tpkg/__init__.py": "", "tpkg/mod.py": "def f():\n    return 'orig'\n"})
+    lab.patch({"p.py": """
+        from importpatch import Patch
+        Patch("p").replace("tpkg.mod:f", lambda: "patched")
+        """})
+    missing = [f"nope{i}" for i in range(3_000)]  # relative (to the run's folder): one variable
+    # of 3,000 absolute paths would pass the kernel's 128 KiB limit for one
+    path = ":".join([*missing, str(lab.patches)])
+    proc = lab.ok("import tpkg.mod as m; print(m.f())", enable="p",
+                  env={"IMPORTPATCH_PATH": path})
+    assert proc.stdout.split() == ["patched"]  # the folder that exists still counts
+    assert _warnings(proc.stderr) == [
+        f"importpatch: warning: IMPORTPATCH_PATH: 3,000 entries: "
+        f"{', '.join(repr(p) for p in missing[:5])}, and 2,995 more are not folders"
+    ], proc.stderr[:2000]
+    # One missing folder keeps its own line's wording.
+    one = lab.ok("pass", enable="p", env={"IMPORTPATCH_PATH": f"{missing[0]}:{lab.patches}"})
+    assert _warnings(one.stderr) == [
+        f"importpatch: warning: IMPORTPATCH_PATH: {missing[0]!r} is not a folder"], one.stderr
+
+
+def test_many_malformed_names_are_one_line(lab: Lab) -> None:
+    bad = [f"x{i}!" for i in range(2_000)]
+    proc = lab.ok("pass", enable=" ".join(bad))
+    assert _warnings(proc.stderr) == [
+        f"importpatch: warning: IMPORTPATCH_ENABLE: 2,000 entries: ignored "
+        f"{', '.join(repr(b) for b in bad[:5])}, and 1,995 more (a patch name has letters, "
+        "digits, - _ .)"], proc.stderr[:2000]
