@@ -5,7 +5,10 @@ what coverage.py sees of a patched module."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
+from conftest import Venv
 from coreutil import EVENTS, Lab
 
 # A diff whose header names math.py: math is a C extension here (lib-dynload) or built in.
@@ -131,3 +134,58 @@ def test_many_malformed_names_are_one_line(lab: Lab) -> None:
         f"importpatch: warning: IMPORTPATCH_ENABLE: 2,000 entries: ignored "
         f"{', '.join(repr(b) for b in bad[:5])}, and 1,995 more (a patch name has letters, "
         "digits, - _ .)"], proc.stderr[:2000]
+
+
+# A module whose function f is replaced and whose last statement is a function never called.
+COVERED = {
+    "tpkg/__init__.py": "",
+    "tpkg/mod.py": '''\
+        """A module."""
+        import functools
+
+
+        @functools.lru_cache(
+            maxsize=None,
+        )
+        def f():
+            value = "orig"
+            return value
+
+
+        def never_called():
+            x = 1
+            y = x + 1
+            return y
+        ''',
+}
+F_BODY, NEVER_BODY = {9, 10}, {14, 15, 16}
+
+
+def test_coverage_reports_only_the_lines_of_a_patched_module_that_ran(
+    venv_factory: Callable[..., Venv], built_wheel: Path, tmp_path: Path
+) -> None:
+    venv = venv_factory(str(built_wheel), "coverage", name="coverage-lines")
+    lab = Lab(venv, tmp_path).target(COVERED)
+    lab.patch({"p.py": """
+        from importpatch import Patch
+        Patch("p").replace("tpkg.mod:f", lambda: "patched")
+        """})
+    (tmp_path / "run.py").write_text("import tpkg.mod as m\nprint(m.f())\n")
+
+    def executed(enable: str | None) -> tuple[str, set[int]]:
+        data = tmp_path / f"cov-{enable}"
+        env = {"COVERAGE_FILE": str(data)}
+        proc = lab.ok(["-m", "coverage", "run", "--include=*/tpkg/mod.py", "run.py"],
+                      enable=enable, env=env)
+        report = lab.ok(["-m", "coverage", "json", "-q", "-o", "-"], enable=None, env=env)
+        (lines,) = [f["executed_lines"] for f in json.loads(report.stdout)["files"].values()]
+        return proc.stdout.strip(), set(lines)
+
+    out, unpatched = executed(None)
+    assert out == "orig" and unpatched >= F_BODY and not unpatched & NEVER_BODY, unpatched
+    for _ in range(2):  # compiled, then from importpatch's bytecode cache
+        out, patched = executed("p")
+        assert out == "patched"
+        # f's body never ran (it is replaced), nor never_called's: not reported, and every
+        # other line is the same as unpatched
+        assert patched == unpatched - F_BODY, (sorted(patched), sorted(unpatched))
