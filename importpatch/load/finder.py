@@ -347,11 +347,11 @@ class PatchLoader:
 
         Decided from what the index states (``Entry.kinds``): nothing is imported here, this
         runs inside the import of a module the standard library's own imports need."""
-        from importpatch.discover.declare import DIFF
-
         origin = self.origin
         if origin is not None and hasattr(self.loader, "get_data") and origin.endswith(".py"):
-            return False
+            return False  # (the usual case: nothing imported, nothing more looked at)
+        from importpatch.discover.declare import DIFF
+
         if any(e.error or not e.kinds or set(e.kinds) - {DIFF} for e in self.entries):
             return False  # other kinds, or broken: the refusal (_build_uncached), fail closed
         what = not_source(self.loader, origin)
