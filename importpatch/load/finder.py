@@ -227,6 +227,9 @@ class PatchLoader:
         from importpatch.discover.catalog import in_place_only
         from importpatch.errors import PatchError
 
+        if self._diff_cannot_apply():
+            self.loader.exec_module(module)  # unpatched, said (see _diff_cannot_apply)
+            return
         build = self._build()
         inner = _innermost(self.loader)
         if (inner is self.loader and _standard_exec(inner)) or self.kind in ("pytest", "opaque"):
@@ -320,8 +323,8 @@ class PatchLoader:
         if origin is None or not hasattr(self.loader, "get_data") or not origin.endswith(".py"):
             raise PatchError(
                 self.entries[0].name, self.fullname,
-                f"only modules loaded from .py source can be patched (origin: {origin})",
-                file=origin,
+                f"{self.fullname} is {not_source(self.loader, origin)}: only modules loaded "
+                f"from .py source can be patched (origin: {origin})", file=origin,
             )
         ops = self._ops()
         while True:
@@ -334,6 +337,48 @@ class PatchLoader:
                     raise
                 record_skip(exc.patch, self.fullname, exc.what)
                 ops = [op for op in ops if op.patch.name != exc.patch]
+
+    def _diff_cannot_apply(self) -> bool:
+        """Whether this module is not Python source (a C extension, built in, frozen) and every
+        patch targeting it is source diffs only: a diff whose header names ``math.py`` where
+        ``math`` is a ``.so`` has no file to apply to, the missing-target rule's case
+        (importpatch/load/lookup.py), so the same rule: the module imports unpatched with a
+        warning (once per process) and a ``missing`` event naming the patch, the file, the module
+        and why; under strict mode its import fails. Failing it closed would stop every program
+        of the environment that imports it (``math``: pip itself, the tool to fix it).
+
+        Decided from what the index states (``Entry.kinds``): nothing is imported here, this
+        runs inside the import of a module the standard library's own imports need."""
+        origin = self.origin
+        if origin is not None and hasattr(self.loader, "get_data") and origin.endswith(".py"):
+            return False  # (the usual case: nothing imported, nothing more looked at)
+        from importpatch.discover.declare import DIFF
+
+        if any(e.error or not e.kinds or set(e.kinds) - {DIFF} for e in self.entries):
+            return False  # other kinds, or broken: the refusal (_build_uncached), fail closed
+        what = not_source(self.loader, origin)
+        if what == "not Python source":
+            return False  # a sourceless .pyc, an unknown loader: the refusal
+        from importpatch import config, events
+        from importpatch.errors import PatchError
+
+        strict = config.flag(os.environ, config.STRICT)
+        for entry in dict.fromkeys(self.entries):
+            detail = (f"the diff {entry.source} targets {self.fullname}, which is {what} "
+                      f"(origin: {origin}), not Python source: a source diff cannot apply to it; "
+                      "fix the diff's file header (--- a/... +++ b/...) to name the .py file it "
+                      f"is for, or disable the patch (IMPORTPATCH_DISABLE={entry.name})")
+            if strict:
+                err = PatchError(entry.name, self.fullname, f"{detail}; {config.STRICT} is on",
+                                 file=origin)
+                self._record_failure(err)
+                raise err
+            events.record("missing", entry.name, self.fullname, "target-module", detail,
+                          level=20)
+            events.warn_once(f"missing:{entry.name}:{self.fullname}",
+                             f"patch {entry.name}: {detail}; {self.fullname} is imported "
+                             f"unpatched (set {config.STRICT}=1 to fail its import instead)")
+        return True
 
     def _build_with(self, origin: str, ops: list[Op]) -> Build:
         from importpatch import safefiles
@@ -616,6 +661,25 @@ def source_file(name: str) -> str | None:
     from importpatch.discover.selection import file_under
 
     return file_under(bases, rest)
+
+
+def not_source(loader: Any, origin: str | None) -> str:
+    """What a module that is not loaded from ``.py`` source is, for a message: "a C extension",
+    "a built-in module", "a frozen module", or "not Python source" (a sourceless .pyc, another
+    loader). No import."""
+    inner = _innermost(loader)
+    external = sys.modules["_frozen_importlib_external"]
+    bootstrap = sys.modules["_frozen_importlib"]
+    if isinstance(inner, external.ExtensionFileLoader) or (
+            origin and origin.endswith(tuple(external.EXTENSION_SUFFIXES))):
+        return "a C extension"
+    if inner is bootstrap.BuiltinImporter or isinstance(inner, bootstrap.BuiltinImporter) or (
+            origin == "built-in"):
+        return "a built-in module"
+    if inner is bootstrap.FrozenImporter or isinstance(inner, bootstrap.FrozenImporter) or (
+            origin == "frozen"):
+        return "a frozen module"
+    return "not Python source"
 
 
 def loader_kind(loader: Any) -> str:

