@@ -358,6 +358,13 @@ def activate(
         if problem:
             events.warn_once("cache-root", problem + "; running without a cache")
     index = catalog.load_index(toggles)
+    if getattr(index, "partial", None):
+        # Discovery was killed (the OOM killer, a SIGTERM): said in every process it serves, as
+        # what the files it had not finished do (their targets fail closed).
+        events.warn_once("discovery-ended", f"discovery ended before it finished "
+                         f"({index.partial}): the patches of the files it had not finished "
+                         "fail closed at their targets' imports; the next process discovers "
+                         "again")
     entries = (index.entries or []) + api_entries()
     chosen = [e for e in entries if toggles.decide_entry(e)[0]]
     problems = _choice_problems(toggles, entries, chosen)
@@ -412,11 +419,10 @@ def _imported_before_start(installed: PatchFinder, toggles: Any) -> None:
         return  # (the common case: one dict lookup per target module, nothing imported)
     from importpatch import events
     from importpatch.install.late import apply_to_imported
-
     from importpatch.strict import StrictError
 
     mark = len(events.events())
-    try:
+    try:  # noqa: SIM105 (contextlib is not loaded at start: keep it so)
         installed.check_imported_tops(strict=toggles.strict)
     except StrictError:
         pass  # (its Gate stops the next import of that package: the first safe point)

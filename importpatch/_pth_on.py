@@ -139,8 +139,8 @@ class _ImportpatchWaits(Slot):
                  fails_closed: "Any") -> None:
         self.sitedir, self.tops, self.recorded = sitedir, tops, recorded
         self.fails_closed = fails_closed
-        self.site_path: "list[str] | None" = None
-        self.failed: "BaseException | None" = None
+        self.site_path: list[str] | None = None
+        self.failed: BaseException | None = None
 
     def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if name in ("sitecustomize", "usercustomize") and self.site_path is None:

@@ -101,9 +101,10 @@ def take_slot(finder: Slot) -> None:
     meta_path.insert(0, finder)
 
 
-def leave_slot(finder: Slot) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
+def leave_slot(finder: object) -> None:
+    meta_path: list[object] = sys.meta_path  # type: ignore[assignment]
+    if finder in meta_path:
+        meta_path.remove(finder)
 
 
 # The spec the finders now on sys.meta_path give, ``me`` left out: importlib iterates

@@ -29,7 +29,8 @@ EXAMPLES = int(os.environ.get("IP_FAULT_EXAMPLES", "12"))
 LONG = "IP_FAULT_EXAMPLES" in os.environ
 
 PATCHES = {
-    "p.py": "from importpatch import Patch\n\nPatch('p').replace('tpkg.mod:f', lambda: 'patched')\n",
+    "p.py": ("from importpatch import Patch\n\n"
+             "Patch('p').replace('tpkg.mod:f', lambda: 'patched')\n"),
     "q.py": ("from importpatch import Patch\n\n"
              "q = Patch('q')\n\n\n@q.wrap('tpkg2.mod:f')\n"
              "def f(wrapped, instance, args, kwargs):\n    return 'wrapped-' + wrapped()\n"),
