@@ -93,11 +93,27 @@ def old_helper_name(a, b):
     total = a + b
     total *= 7
     return total - 1
+
+
+def relocated(rows):
+    out = []
+    for row in rows:
+        out.append(row * 2)
+    out.sort()
+    return out
 '''
+RELOCATED_V2 = """\
+def relocated(rows):
+    out = []
+    for row in rows:
+        out.append(row * 3)
+    out.sort()
+    return out
+"""
 # Release 2.0: only the branch that runs changed (the else), the ImportError fallback, the second
 # definition, one #-line inside a string; the comments of `commented` only; Child.size is now
 # inherited from Base; get_tokenizer_group removed (get_tokenizer, another function, stays);
-# old_helper_name renamed, its code unchanged.
+# old_helper_name renamed, its code unchanged; relocated moved to tgt.elsewhere, one line changed.
 MOD_V2 = (MOD_V1.replace("        return x + 2\n", "        return x + 3\n")
           .replace('        return "slow"\n', '        return "slower"\n')
           .replace("def twice():\n    return 2\n", "def twice():\n    return 3\n")
@@ -107,7 +123,8 @@ MOD_V2 = (MOD_V1.replace("        return x + 2\n", "        return x + 3\n")
           .replace("class Child(Base):\n    def size(self):\n        return 1\n\n",
                    "class Child(Base):\n")
           .replace("def get_tokenizer_group(cfg):\n    return [cfg]\n\n\n", "")
-          .replace("def old_helper_name(", "def new_helper_name("))
+          .replace("def old_helper_name(", "def new_helper_name(")
+          .replace("\n\n\n" + MOD_V1.split("\n\n\n")[-1], "\n"))
 
 PATCH = '''\
 from importpatch import Patch
@@ -147,6 +164,10 @@ def get_tokenizer_group(cfg):
 @labels.replace("tgt.mod:old_helper_name")
 def old_helper_name(a, b):
     return 0
+
+@labels.replace("tgt.mod:relocated")
+def relocated(rows):
+    return rows
 '''
 BROKEN = '''\
 import no_such_module_of_importpatch_tests
@@ -180,7 +201,8 @@ def check_drifts(lab: Lab, *names: str) -> dict[str, dict[str, object]]:
 
 
 def upgrade(lab: Lab) -> None:
-    lab.target({"tgt/__init__.py": V1.replace("1.0", "2.0"), "tgt/mod.py": MOD_V2})
+    lab.target({"tgt/__init__.py": V1.replace("1.0", "2.0"), "tgt/mod.py": MOD_V2,
+                "tgt/elsewhere.py": RELOCATED_V2})
 
 
 def pin(lab: Lab, *names: str) -> None:
@@ -252,6 +274,13 @@ def test_gone_moved_and_inherited_are_one_label_each(lab: Lab) -> None:
     # renamed with the same code: moved, to the name that is it
     moved = d["tgt.mod:old_helper_name"]
     assert (moved["verdict"], moved["candidates"]) == ("moved", ["tgt.mod:new_helper_name"])
+    assert moved["diff"] == ""  # the same code
+    # moved to another module and edited a little there: moved, with that edit as the diff
+    relocated = d["tgt.mod:relocated"]
+    assert (relocated["verdict"], relocated["candidates"]) == ("moved",
+                                                               ["tgt.elsewhere:relocated"])
+    assert "-        out.append(row * 2)\n+        out.append(row * 3)\n" in str(
+        relocated["diff"])
     # now inherited from the base class: inherited, naming the base
     inherited = d["tgt.mod:Child.size"]
     assert (inherited["verdict"], inherited["candidates"]) == ("inherited", ["tgt.mod:Base"])
@@ -265,6 +294,9 @@ def test_gone_moved_and_inherited_are_one_label_each(lab: Lab) -> None:
             "tgt.mod:new_helper_name") in flat
     assert ("drift: inherited: tgt.mod:Child.size is inherited from tgt.mod:Base since the pin"
             in flat)
+    assert ("drift: moved: tgt.mod:relocated moved since the pin (tgt 1.0) to "
+            "tgt.elsewhere:relocated (changed there too: see the diff)") in flat
+    assert "+ out.append(row * 3)" in flat  # the diff, printed
     # the op's own line says inherited too; nothing says it is bound nowhere
     assert "Child.size is inherited from tgt.mod:Base: target that" in flat
     assert "not bound anywhere" not in flat

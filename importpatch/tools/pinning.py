@@ -288,7 +288,7 @@ def drift_of(op: Op, module: str | None, file: str | None, source: Source,
         moved = _candidates(source, pin, tree, file)
         out.candidates = [where for where, _ in moved]
         out.verdict = MOVED if moved else GONE
-        if moved and moved[0][1] != pin.source:
+        if moved and _similarity(pin, moved[0][1]) < 1:  # edited there, not only renamed
             out.diff = upstream_diff(pin.source, moved[0][1], f"{pin.module}:{qual} -> "
                                      f"{moved[0][0]}", pin.release, against)
         return out
