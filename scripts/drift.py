@@ -351,7 +351,7 @@ def drift_cell(patch: dict[str, Any]) -> dict[str, Any] | None:
         if d["verdict"] == "changed":
             entry["lines"] = diff_lines(d["diff"])
             entry["added"], entry["removed"] = d["added"], d["removed"]
-        if d["verdict"] == "moved":
+        if d["verdict"] in ("moved", "inherited"):
             entry["candidates"] = d["candidates"]
         out.append(entry)
     return {"verdict": patch.get("drift") or "", "ops": out}

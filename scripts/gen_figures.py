@@ -103,7 +103,8 @@ VERDICTS = {  # (applies, admitted) -> label, colour
 }
 
 
-DRIFT_MARKS = {"unchanged": "=", "changed": "Δ", "moved": "→", "gone": "∅", "unpinned": "?"}
+DRIFT_MARKS = {"unchanged": "=", "changed": "Δ", "moved": "→", "inherited": "↑", "gone": "∅",
+               "unpinned": "?"}
 """the drift of a Python patch's pinned originals, written in its cell (schema 2; none in 1)"""
 
 

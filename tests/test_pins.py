@@ -138,11 +138,18 @@ def upgrade(lab: Lab) -> None:
 
 
 def normalised_digest(text: str) -> str:
-    """The documented normalisation, written again here: trailing white space off, blank and
-    comment-only lines dropped."""
-    lines = [x.rstrip() for x in text.splitlines()]
-    kept = [x for x in lines if x and not x.lstrip().startswith("#")]
-    return "sha256:" + hashlib.sha256(("\n".join(kept) + "\n").encode()).hexdigest()
+    """The documented normalisation, written again here (for text without multi-line strings):
+    comments (the tokenizer's) and trailing white space off, blank lines dropped."""
+    import io
+    import tokenize
+
+    lines = text.splitlines()
+    for tok in reversed(list(tokenize.generate_tokens(io.StringIO(text).readline))):
+        if tok.type == tokenize.COMMENT:
+            row, line = tok.start[0] - 1, lines[tok.start[0] - 1]
+            lines[row] = line[:tok.start[1]] + line[tok.end[1]:]
+    kept = [x.rstrip() for x in lines if x.strip()]
+    return "sha256-2:" + hashlib.sha256(("\n".join(kept) + "\n").encode()).hexdigest()
 
 
 def read_pins(lab: Lab) -> list[dict[str, str]]:

@@ -133,7 +133,7 @@ class ModulePlan:
         on_error="warn" patch is dropped). The digests were computed at compile time."""
         if patch.origin == "builtin":
             return  # checked over every release its Requires admits (docs/compat-matrix.md)
-        from importpatch.rewrite.pins import pinned_qual, pins_of
+        from importpatch.rewrite.pins import matches, pinned_qual, pins_of
 
         pins = pins_of(patch)
         if not pins:
@@ -143,7 +143,7 @@ class ModulePlan:
             fact = facts.get(qual) if qual else None
             pin = next((p for m in (self.module, *op.modules) if (p := pins.get((m, qual or "")))),
                        None)
-            if pin is None or fact is None or not fact.digest or fact.digest == pin.digest:
+            if pin is None or fact is None or not fact.digest or matches(pin.digest, fact.digest):
                 continue
             what = (f"{op.kind} {op.target}: the original {self.module}:{qual} changed since "
                     f"the patch was pinned ({pin.release or 'unknown release'}); "

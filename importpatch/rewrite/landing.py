@@ -256,12 +256,13 @@ def add_digests(facts: dict[str, Fact], tree: ast.Module, text: str) -> None:
     """Each fact's ``digest``: of its original's normalised text in ``tree`` / ``text`` (the
     module as released, before code changes; ``rewrite.pins``), compared with pins at import."""
     from importpatch.rewrite import bindings
-    from importpatch.rewrite.pins import digest_of
+    from importpatch.rewrite.pins import digests_of
 
     lines = text.splitlines(keepends=True)
     for key, fact in facts.items():
         if key.startswith("+"):
             continue
         v = bindings.verdict(tree, key)
-        if v.binding is not None and v.state == bindings.BOUND:
-            fact.digest = digest_of(lines, v.binding.node)
+        if v.binding is not None and v.state in (bindings.BOUND, bindings.MAYBE):
+            # every binding that can run (each branch, each redefinition), as check reads it
+            fact.digest = digests_of(tree, lines, key)

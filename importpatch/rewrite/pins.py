@@ -13,9 +13,22 @@ is compiled (``landing.facts_of``; its result is cached with the code), and ``pi
 pin file with plain string operations (no ``tomllib``, no ``json``) at most once per process, when
 a module that a pinned patch targets is imported. Comparing the two is a string compare.
 
-Normalised text: the statement's lines (decorators included), dedented, each line's trailing
-white space removed, blank lines and lines holding only a comment dropped. Formatting and comment
-churn elsewhere in the file never changes it; any change of the code does.
+What a pin covers: every live binding of the name that can run (``bound_nodes``): both branches
+of an ``if``/``else``, a ``try``/``except ImportError`` fallback, a redefinition later in the
+module, each a statement with its decorators, dedented, in source order (``original_text``). A name
+bound once is that one statement, as before.
+
+Normalised text (``normalise``): the comments dropped (``tokenize``'s COMMENT tokens: never a ``#``
+inside a string), each line's trailing white space removed and blank lines dropped, except the
+lines inside a multi-line string, which are content and kept as they are (embedded kernel source, a
+shell script, a prompt template). Formatting and comment churn never changes it; any change of the
+code or of a string does. Its digest is ``sha256-2:<hex>``.
+
+Pins written before (``sha256:<hex>``, the first binding only, every blank or ``#``-line dropped,
+``normalise_v1``) keep being compared the way they were made, so that upgrading importpatch does
+not report drift that is not there; ``importpatch pin NAME`` again makes them cover every binding.
+A fact's digest (``digests_of``) holds both, and ``matches`` compares a pin with the one of its
+kind.
 """
 
 from __future__ import annotations
@@ -54,7 +67,13 @@ def segment(lines: list[str], node: ast.stmt) -> str:
     return "".join(f"{x[indent:] if not x[:indent].strip() else x.lstrip()}\n" for x in chunk)
 
 
-def normalise(text: str) -> str:
+PREFIX = "sha256-2:"  # the digest of ``normalise``: every binding, strings kept whole
+PREFIX_V1 = "sha256:"  # pins written before: the first binding, ``normalise_v1``
+
+
+def normalise_v1(text: str) -> str:
+    """The normalisation of pins written before (``sha256:``): trailing white space off, blank
+    lines and lines starting with ``#`` dropped (inside strings too)."""
     out = []
     for line in text.splitlines():
         stripped = line.rstrip()
@@ -63,15 +82,107 @@ def normalise(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def normalise(text: str) -> str:
+    """``text`` without its comments, trailing white space and blank lines, by the tokenizer: a
+    line that starts inside a string is content, kept whole (a ``#``-line of embedded C or shell
+    is code there). Text the tokenizer refuses falls back to ``normalise_v1``."""
+    import io
+    import tokenize
+
+    lines = text.splitlines()
+    inside: set[int] = set()  # 1-based rows wholly inside a string (not the one it ends on)
+    cuts: dict[int, list[tuple[int, int]]] = {}  # row: the (start, end) columns of comments
+    opened: list[int] = []  # rows of the open f-/t-strings (3.12+: START ... END tokens)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            kind = tokenize.tok_name.get(tok.type, "")
+            if tok.type == tokenize.COMMENT:
+                cuts.setdefault(tok.start[0], []).append((tok.start[1], tok.end[1]))
+            elif tok.type == tokenize.STRING:
+                inside.update(range(tok.start[0] + 1, tok.end[0]))
+            elif kind.endswith("STRING_START"):
+                opened.append(tok.start[0])
+            elif kind.endswith("STRING_END") and opened:
+                inside.update(range(opened.pop() + 1, tok.end[0]))
+    except (tokenize.TokenError, SyntaxError):
+        return normalise_v1(text)
+    out = []
+    for row, line in enumerate(lines, 1):
+        for start, end in reversed(cuts.get(row, [])):
+            line = line[:start] + line[end:]
+        if row in inside:  # content, blank or not: kept as it is
+            out.append(line)
+            continue
+        line = line.rstrip()
+        if line:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def digest(text: str) -> str:
-    """``sha256:<hex>`` of the normalised ``text``."""
+    """``sha256-2:<hex>`` of the normalised ``text``."""
     import hashlib
 
-    return "sha256:" + hashlib.sha256(normalise(text).encode("utf-8", "surrogatepass")).hexdigest()
+    data = normalise(text).encode("utf-8", "surrogatepass")
+    return PREFIX + hashlib.sha256(data).hexdigest()
 
 
-def digest_of(lines: list[str], node: ast.stmt) -> str:
-    return digest(segment(lines, node))
+def digest_v1(text: str) -> str:
+    """``sha256:<hex>`` of ``normalise_v1(text)``: how pins written before were made."""
+    import hashlib
+
+    data = normalise_v1(text).encode("utf-8", "surrogatepass")
+    return PREFIX_V1 + hashlib.sha256(data).hexdigest()
+
+
+# An entry binding's node is the first statement of the block it enters (``for f in``, ``with ...
+# as f``, ``except E as f``, a ``case`` capture): not code of the name, so not pinned.
+_ENTRY_KINDS = ("for target", "with target", "except target", "match capture")
+
+
+def bound_nodes(tree: ast.Module, qual: str) -> list[ast.stmt]:
+    """Every live statement that binds ``qual`` (``name`` or ``Class.attr`` through every class
+    statement of ``Class``), in source order: each branch of an ``if``, a ``try`` body and its
+    handlers, a redefinition; dead code (``if False:``) left out. [] when none does."""
+    import ast
+
+    from importpatch.rewrite import bindings
+
+    scopes: list[list[ast.stmt]] = [tree.body]
+    *owners, name = qual.split(".")
+    for part in owners:
+        scopes = [b.node.body for body in scopes for b in bindings.scope_bindings(body, part)
+                  if isinstance(b.node, ast.ClassDef)]
+    out: list[ast.stmt] = []
+    for body in scopes:
+        for b in bindings.scope_bindings(body, name):
+            if b.kind not in _ENTRY_KINDS and all(b.node is not n for n in out):
+                out.append(b.node)
+    return out
+
+
+def original_text(lines: list[str], nodes: list[ast.stmt]) -> str:
+    """The pinned text of ``nodes`` (``bound_nodes``): one statement's ``segment``; several, each
+    after a comment line naming where it is (comments do not count in the digest, so moving
+    them does not either)."""
+    if len(nodes) == 1:
+        return segment(lines, nodes[0])
+    return "".join(f"# binding {i} of {len(nodes)}, line {n.lineno}\n{segment(lines, n)}"
+                   for i, n in enumerate(nodes, 1))
+
+
+def digests_of(tree: ast.Module, lines: list[str], qual: str) -> str:
+    """What the import hook keeps of ``qual``'s original: ``digest`` of every binding and
+    ``digest_v1`` of the first, separated by a space (``matches``); "" when nothing binds it."""
+    nodes = bound_nodes(tree, qual)
+    if not nodes:
+        return ""
+    return f"{digest(original_text(lines, nodes))} {digest_v1(segment(lines, nodes[0]))}"
+
+
+def matches(pinned: str, digests: str) -> bool:
+    """Whether a pin's digest is one of ``digests`` (``digests_of``): the digest of its kind."""
+    return bool(pinned) and pinned in digests.split()
 
 
 # -- Pin files -----------------------------------------------------------------------------------

@@ -731,7 +731,7 @@ def _drift(patch: Any, pairs: list[tuple[declare.Op, OpResult]], source: Source,
 
 
 def drifted(report: Report) -> list[PatchResult]:
-    """The checked patches with a drifted (changed, moved, gone) pinned original."""
+    """The checked patches with a drifted (changed, moved, inherited, gone) pinned original."""
     from importpatch.tools.pinning import DRIFTED
 
     return [p for p in report.patches if p.drift in DRIFTED]

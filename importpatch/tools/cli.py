@@ -64,11 +64,12 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                                "symbol": null | {"qualname", "found": bool, "kind", "line"},
                                "order": int|null, "decorated": bool|null,
                                "chain": LINK|null, "drift": DRIFT|null}],
-                      "drift": "unchanged"|"changed"|"moved"|"gone"|"unpinned"|""}],
-         DRIFT = {"verdict": "unchanged"|"changed"|"moved"|"gone"|"unpinned", "pinned",
+                      "drift": "unchanged"|"changed"|"moved"|"inherited"|"gone"|"unpinned"|""}],
+         DRIFT = {"verdict": "unchanged"|"changed"|"moved"|"inherited"|"gone"|"unpinned", "pinned",
                   "against", "module", "qualname", "diff" (upstream's, pinned -> against),
                   "added": [str], "removed": [str] (a class's members), "candidates": [str]
-                  (moved: "module:qualname"), "pin_file"} (importpatch pin; null: not pinnable)
+                  (moved: "module:qualname"; inherited: the base), "pin_file"} (importpatch pin;
+                  null: not pinnable)
          "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
          "chains": [CHAIN] (active patches), "scope": "enabled"|"named"|"all",
          "unchecked": [str] (discovered, not checked), "problems": [str],
@@ -351,12 +352,12 @@ def _drift_tally(report: Any, fail_on_drift: bool) -> list[str]:
 
 def drift_lines(drift: dict[str, Any] | None, pad: str) -> list[str]:
     """An op's drift verdict, and for a changed original upstream's diff, indented."""
-    from importpatch.tools.pinning import CHANGED, UNPINNED, Drift
+    from importpatch.tools.pinning import CHANGED, MOVED, UNPINNED, Drift
 
     if drift is None or drift["verdict"] == UNPINNED:
         return []
     lines = [f"{pad}drift: {drift['verdict']}: {Drift(**drift).summary()}"]
-    if drift["verdict"] == CHANGED and drift["diff"]:
+    if drift["verdict"] in (CHANGED, MOVED) and drift["diff"]:
         lines += [Verbatim(f"{pad}    {line}") for line in drift["diff"].splitlines()]
     return lines
 

@@ -14,9 +14,15 @@ in ``source`` (the installed packages, a wheel, an sdist, a release): one of
 - ``changed``: it differs; ``diff`` is upstream's own change of it, a unified diff from the pinned
   text to ``source``'s; for a class, ``added`` / ``removed`` name the members upstream added or
   removed (added: only those the replacement does not define);
-- ``moved``: the name is no longer bound where it was; ``candidates`` are where the same name is
-  bound now (the same module's closest name, other modules of the package);
-- ``gone``: nowhere to be found.
+- ``moved``: the name is no longer bound where it was, and the same function is bound elsewhere:
+  ``candidates`` are where (another module of the package binding the name, or a name of the same
+  module), each with the pinned code, changed by at most a little (``SAME_FUNCTION``);
+- ``inherited``: a method (``Class.attr``) no longer bound by its class, which now inherits it:
+  ``candidates`` names the base class that binds it;
+- ``gone``: none of those: a name that is bound elsewhere but is another function is no move.
+
+What is pinned and compared is every binding of the name that can run (``rewrite.pins``: each
+branch of an ``if``, a fallback, a redefinition).
 
 Drift never changes whether a patch applies (``check``'s status); ``check --fail-on-drift`` makes
 it the exit status (``DRIFT_EXIT``) for CI.
@@ -36,7 +42,11 @@ from importpatch.rewrite import pins as rpins
 from importpatch.tools.packages import InstalledSource, Source, UsageError
 
 UNPINNED, UNCHANGED, CHANGED, MOVED, GONE = "unpinned", "unchanged", "changed", "moved", "gone"
-DRIFTED = (CHANGED, MOVED, GONE)
+INHERITED = "inherited"
+DRIFTED = (CHANGED, MOVED, INHERITED, GONE)
+# How much of the pinned code a binding elsewhere keeps to be called the same function, moved
+# (difflib ratio of the normalised texts, the def line's name aside).
+SAME_FUNCTION = 0.8
 DRIFT_EXIT = 3  # check --fail-on-drift: everything applies, but a pinned original drifted
 
 
@@ -70,9 +80,15 @@ class Drift:
                 text += f"; upstream removed {', '.join(self.removed)}"
             return text
         if self.verdict == MOVED:
-            return (f"{where} is gone from there since the pin ({self.pinned}); the same name is "
-                    f"bound at {', '.join(self.candidates)}")
-        return f"{where} is gone since the pin ({self.pinned}): not bound anywhere in the package"
+            edited = " (changed there too: see the diff)" if self.diff else ""
+            return (f"{where} moved since the pin ({self.pinned}) to "
+                    f"{', '.join(self.candidates)}{edited}: target it there")
+        if self.verdict == INHERITED:
+            base = self.candidates[0] if self.candidates else "a base class"
+            return (f"{where} is inherited from {base} since the pin ({self.pinned}): the class "
+                    "no longer defines it itself")
+        return (f"{where} is gone since the pin ({self.pinned}): no function of the package is "
+                "it now (removed, or rewritten under another name)")
 
 
 # -- Where the original is -----------------------------------------------------------------------
@@ -132,9 +148,14 @@ def pin(names: Sequence[str], against: str | None = None, *, every: bool = False
     ``against`` (default: the installed packages). A patch's other pins in the file are kept."""
     from importpatch.tools.packages import open_source
 
-    patches = _patches(names, every, environ)
+    broken: list[tuple[str, str, str]] = []
+    patches = _patches(names, every, environ, broken)
+    # A patch whose file fails to load has nothing pinned: that is a failure, never "nothing to
+    # pin" (its operations are unknown, so are its targets).
+    out = [Pinned(name, "", "", "", problem=f"its file {where} does not load ({error}): fix "
+                  f"it, then pin again ('importpatch check {name}' shows the error)")
+           for name, where, error in broken]
     src = source if source is not None else open_source(against)
-    out: list[Pinned] = []
     for patch in patches:
         path = rpins.path_of(patch)
         pinnable = [op for op in patch.ops if rpins.pinned_qual(op.kind, op.qualname)]
@@ -169,12 +190,15 @@ def pin_of(op: Op, source: Source) -> rpins.Pin | str:
         node = original_node(tree, qual) if tree is not None else None
         if node is None:
             continue
+        assert tree is not None
         lines = source.text(file).splitlines(keepends=True)
-        text = rpins.segment(lines, node)
+        # every binding that can run: each branch of an if, a fallback, a redefinition
+        text = rpins.original_text(lines, rpins.bound_nodes(tree, qual) or [node])
         dist, version = release_of(source, module)
         # An add or field goes into a class (often a large one): its pin keeps the class's digest
         # and, as its text, the names the class body binds (what an addition can clash with).
         kept = member_list(node) if op.kind in rpins.OWNER_KINDS else text
+        # (a class bound twice: the members of its first statement, as check compares them)
         return rpins.Pin(patch=op.patch.name, kind=op.kind, target=op.target, module=module,
                          qualname=qual, dist=dist, version=version, digest=rpins.digest(text),
                          source=kept)
@@ -203,7 +227,10 @@ def write(path: str, patch: str, new: list[rpins.Pin]) -> None:
     safefiles.write_atomic(path, rpins.render(pins).encode("utf-8"))
 
 
-def _patches(names: Sequence[str], every: bool, environ: dict[str, str] | None) -> list[Any]:
+def _patches(names: Sequence[str], every: bool, environ: dict[str, str] | None,
+             broken: list[tuple[str, str, str]] | None = None) -> list[Any]:
+    """The named (``every``: all) discovered patches, loaded; those that fail to load go into
+    ``broken`` as (name, source, error)."""
     from importpatch import _boot, config
     from importpatch.discover import catalog
 
@@ -222,11 +249,13 @@ def _patches(names: Sequence[str], every: bool, environ: dict[str, str] | None) 
                          "see 'importpatch list'")
     out = []
     for e in entries:
-        if (every or e.name in names) and not e.error:
-            try:
-                out.append(catalog.load_patch(e))
-            except Exception:
-                continue
+        if not (every or e.name in names):
+            continue
+        try:
+            out.append(catalog.load_patch(e))
+        except Exception as exc:
+            if broken is not None:
+                broken.append((e.name, str(e.source or e.file or ""), str(exc) or repr(exc)))
     return out
 
 
@@ -252,12 +281,21 @@ def drift_of(op: Op, module: str | None, file: str | None, source: Source,
     tree = _tree(source, file) if file else None
     node = original_node(tree, qual) if tree is not None else None
     if node is None:
-        out.candidates = _candidates(source, pin, tree)
-        out.verdict = MOVED if out.candidates else GONE
+        base = _inherited_from(source, tree, module, file, qual) if tree is not None else ""
+        if base:
+            out.verdict, out.candidates = INHERITED, [base]
+            return out
+        moved = _candidates(source, pin, tree, file)
+        out.candidates = [where for where, _ in moved]
+        out.verdict = MOVED if moved else GONE
+        if moved and _similarity(pin, moved[0][1]) < 1:  # edited there, not only renamed
+            out.diff = upstream_diff(pin.source, moved[0][1], f"{pin.module}:{qual} -> "
+                                     f"{moved[0][0]}", pin.release, against)
         return out
-    assert file is not None
-    now = rpins.segment(source.text(file).splitlines(keepends=True), node)
-    if rpins.digest(now) == pin.digest:
+    assert file is not None and tree is not None
+    lines = source.text(file).splitlines(keepends=True)
+    now = rpins.original_text(lines, rpins.bound_nodes(tree, qual) or [node])
+    if rpins.matches(pin.digest, current_digests(lines, tree, qual, node)):
         return out
     out.verdict = CHANGED
     if pin.kind in rpins.OWNER_KINDS:  # the pin holds the class's member names, not its text
@@ -276,6 +314,36 @@ def drift_of(op: Op, module: str | None, file: str | None, source: Source,
         out.added = sorted(n for n in after.keys() - before.keys() if n not in defined)
         out.removed = sorted(before.keys() - after.keys())
     return out
+
+
+def current_digests(lines: list[str], tree: ast.Module, qual: str, node: ast.stmt) -> str:
+    """``rpins.digests_of``, what a pin is compared with (the import hook keeps the same)."""
+    return rpins.digests_of(tree, lines, qual) or (
+        f"{rpins.digest(rpins.segment(lines, node))} "
+        f"{rpins.digest_v1(rpins.segment(lines, node))}")
+
+
+def _inherited_from(source: Source, tree: ast.Module, module: str | None, file: str | None,
+                    qual: str) -> str:
+    """``pkg.mod:Base`` when ``Class.attr`` is no longer bound by ``Class`` but by a base class
+    it now inherits it from (``bindings.inherited_from``, as check's hint finds it); ""."""
+    from importpatch.rewrite import bindings
+
+    if not module or not file or "." not in qual:
+        return ""
+
+    def load(name: str) -> tuple[ast.Module, bool] | None:
+        found = source.find(name)
+        mtree = _tree(source, found) if found is not None else None
+        if found is None or mtree is None:
+            return None
+        return mtree, os.path.basename(found) == "__init__.py"
+
+    package = module if os.path.basename(file) == "__init__.py" else module.rpartition(".")[0]
+    try:
+        return bindings.inherited_from(tree, module, package, qual, load)
+    except Exception:  # a verdict's detail only: a base that cannot be read is no base
+        return ""
 
 
 def upstream_diff(old: str, new: str, where: str, old_label: str, new_label: str) -> str:
@@ -332,17 +400,21 @@ def replacement_members(op: Op) -> set[str]:
     return set()
 
 
-def _candidates(source: Source, pin: rpins.Pin, tree: ast.Module | None) -> list[str]:
-    """Where the pinned name is bound now: the closest name in its module, and modules of the
-    package that bind the same last name (by ``def``/``class``/assignment) where it was."""
+def _candidates(source: Source, pin: rpins.Pin, tree: ast.Module | None, file: str | None
+                ) -> list[tuple[str, str]]:
+    """Where the pinned function (or class) is bound now, as (``module:qualname``, its text):
+    another name of its module, or a module of the package binding the same name, whose code is
+    the pinned code or close to it (``SAME_FUNCTION``). Another function that happens to have the
+    same or a close name is not it (a removed ``get_tokenizer_group`` is not ``get_tokenizer``)."""
     from importpatch.rewrite import bindings
 
-    out: list[str] = []
-    if tree is not None:
-        close = bindings.close_symbol(tree, pin.qualname)
-        if close:
-            out.append(f"{pin.module}:{close}")
+    out: list[tuple[str, str]] = []
     owner, _, name = pin.qualname.rpartition(".")
+    if tree is not None and file is not None:
+        close = bindings.close_symbol(tree, pin.qualname)
+        found = _same_function(pin, tree, close, source.text(file)) if close else None
+        if found is not None:
+            out.append((f"{pin.module}:{close}", found))
     top = pin.module.partition(".")[0]
     pattern = re.compile(rf"^\s*(?:async\s+def|def|class)\s+{re.escape(name)}\b|^\s*"
                          rf"{re.escape(name)}\s*[:=]", re.M)
@@ -356,13 +428,51 @@ def _candidates(source: Source, pin: rpins.Pin, tree: ast.Module | None) -> list
         if not pattern.search(text):
             continue
         t = _tree(source, file)
-        if t is not None and original_node(t, pin.qualname) is not None:
-            out.append(f"{module}:{pin.qualname}")
-        elif t is not None and owner and original_node(t, name) is not None:
-            out.append(f"{module}:{name}")
+        if t is None:
+            continue
+        for qual in (pin.qualname, name) if owner else (pin.qualname,):
+            found = _same_function(pin, t, qual, text)
+            if found is not None:
+                out.append((f"{module}:{qual}", found))
+                break
         if len(out) >= 5:
             break
-    return out
+    # the closest first: the diff shown is to it
+    return sorted(out, key=lambda c: -_similarity(pin, c[1]))
+
+
+def _same_function(pin: rpins.Pin, tree: ast.Module, qual: str, text: str) -> str | None:
+    """The text of ``qual`` in ``tree`` when it is the pinned function moved (its code the
+    pinned code, or close to it, its name aside); None when it is another one, or unbound."""
+    node = original_node(tree, qual)
+    if node is None:
+        return None
+    if pin.kind in rpins.OWNER_KINDS:  # the pin's text: the names the class binds
+        now = member_list(node)
+    else:
+        lines = text.splitlines(keepends=True)
+        now = rpins.original_text(lines, rpins.bound_nodes(tree, qual) or [node])
+    return now if _similarity(pin, now) >= SAME_FUNCTION else None
+
+
+def _similarity(pin: rpins.Pin, now: str) -> float:
+    """difflib's ratio of the pinned and ``now``'s normalised lines, the names of their first
+    def/class line made the same (a rename alone keeps a function what it is)."""
+    import difflib
+
+    def lines(text: str) -> list[str]:
+        out = rpins.normalise(text).splitlines()
+        for i, line in enumerate(out):
+            m = re.match(r"(\s*(?:async\s+def|def|class)\s+)\w+", line)
+            if m:
+                out[i] = m.group(1) + "_" + line[m.end():]
+                break
+        return out
+
+    before, after = lines(pin.source), lines(now)
+    if not before or not after:
+        return 0.0
+    return difflib.SequenceMatcher(None, before, after, autojunk=False).ratio()
 
 
 def _package_files(source: Source, top: str) -> Iterable[tuple[str, str]]:
@@ -401,9 +511,9 @@ def for_patch(patch: Any, pairs: list[tuple[Op, Any]], source: Source) -> list[D
 
 
 def overall(drifts: Iterable[Drift | None]) -> str:
-    """A patch's drift: the worst of its operations' (gone > moved > changed > unpinned >
-    unchanged), "" when none of its operations is pinned by kind."""
-    order = [GONE, MOVED, CHANGED, UNPINNED, UNCHANGED]
+    """A patch's drift: the worst of its operations' (gone > moved > inherited > changed >
+    unpinned > unchanged), "" when none of its operations is pinned by kind."""
+    order = [GONE, MOVED, INHERITED, CHANGED, UNPINNED, UNCHANGED]
     seen = {d.verdict for d in drifts if d is not None}
     return next((v for v in order if v in seen), "")
 
@@ -466,9 +576,11 @@ def convert(patch_name: str, *, target: str | None = None, name: str | None = No
     from importpatch.tools import authoring
     from importpatch.tools.packages import open_source
 
-    patches = _patches([patch_name], False, None)
+    broken: list[tuple[str, str, str]] = []
+    patches = _patches([patch_name], False, None, broken)
     if not patches:
-        raise UsageError(f"patch {patch_name} does not load", "see 'importpatch check NAME'")
+        why = f": {broken[0][1]}: {broken[0][2]}" if broken else ""
+        raise UsageError(f"patch {patch_name} does not load{why}", "see 'importpatch check NAME'")
     patch = patches[0]
     ops = [op for op in patch.ops if op.kind == "replace" and callable(op.obj)
            and not isinstance(op.obj, type) and (target is None or op.target == target)]
@@ -496,7 +608,8 @@ def convert(patch_name: str, *, target: str | None = None, name: str | None = No
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise UsageError(f"{op.target}: no function of that name in {source.label}", "")
     lines = text.splitlines(keepends=True)
-    if pin is not None and rpins.digest(rpins.segment(lines, node)) != pin.digest:
+    if pin is not None and not rpins.matches(pin.digest,
+                                             current_digests(lines, tree, op.qualname or "", node)):
         raise UsageError(f"{op.target}: the original in {source.label} is not the pinned one",
                          "pass --base with the release the copy was made from")
     copy = _copy_text(op, node.name)
