@@ -600,15 +600,50 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
     tops = sorted({m.partition(".")[0] for e in chosen for group in e.modules for m in group})
     if chosen and (not tops or any(e.error or not e.modules for e in chosen)):
         return
-    root = config.default_cache_root()[0]
-    if root is None or config.get(os.environ, config.CACHE_DIR) or root != safefiles.usable_root():
-        return
-    if not _site_key_covers():
+    raw = config.get(os.environ, config.CACHE_DIR)
+    if raw:  # a cache folder of its own (a cache volume): the .pth line looks there if absolute
+        root = safefiles.usable_root()
+        if root is None or not os.path.isabs(raw) or os.path.normpath(raw) != root:
+            return
+    else:
+        root = config.default_cache_root()[0]
+        if root is None or root != safefiles.usable_root():
+            return
+    watch: list[str] = []  # folders beside the site folder (PYTHONPATH), watched by the line
+    if not _site_key_covers(None if chosen else watch):
         return
     _, site_key, path_len = _pth
     path = stamp_path(root, site_key, path_len)
-    if safefiles.folder(root, "s", "") is not None:
-        safefiles.write_atomic(path, stamp_bytes("", "", tops) if tops else b"")
+    data = stamp_bytes("", "", tops) if tops else watch_stamp_bytes(watch) if watch else b""
+    if data is not None and safefiles.folder(root, "s", "") is not None:
+        safefiles.write_atomic(path, data)
+
+
+def watch_stamp_bytes(folders: list[str]) -> bytes | None:
+    """The nothing-on stamp where folders beside the site folder could bring a patch package (a
+    PYTHONPATH): "W", sys.path as the .pth line saw it, the (mtime, ctime, inode) of each folder
+    ("-1" where it does not exist), the check; the .pth line compares all of it with a ``stat``
+    a folder (importpatch/_pth.py). A new distribution in such a folder changes its mtime. None
+    where a folder's name cannot be written in it or it changed within the clock's resolution."""
+    from importpatch import sites
+    from importpatch._slot import stamp_check
+    from importpatch.discover import catalog
+
+    site_path = sites.site_path or []
+    if any(c in p for p in [*folders, *site_path] for c in "\n\t\0"):
+        return None
+    if catalog.is_racy(catalog.signature(tuple(folders)), __import__("time").time_ns()):
+        return None
+    lines = []
+    for folder in folders:
+        try:
+            st = os.stat(folder)
+            lines.append(f"{st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}\t{folder}")
+        except OSError:
+            lines.append(f"-1\t{folder}")
+    body = "\0".join(("W", "\n".join(site_path), "\n".join(lines))).encode(
+        "utf-8", "surrogateescape")
+    return body + b"\0" + stamp_check(body)
 
 
 def stamp_bytes(text: str, watched: str, tops: list[str]) -> bytes:
@@ -624,11 +659,13 @@ def stamp_bytes(text: str, watched: str, tops: list[str]) -> bytes:
     return body + b"\0" + stamp_check(body)
 
 
-def _site_key_covers() -> bool:
+def _site_key_covers(watch: list[str] | None = None) -> bool:
     """Whether the .pth line's site key (its site folder's mtime, ctime and inode, the length of
     sys.path when it ran) covers the whole search path this process ended with: nothing came
     after the line, no folder can gain a distribution without changing the site folder, none
-    that does not exist yet can join (see the module docstring)."""
+    that does not exist yet can join (see the module docstring). ``watch``: a list to which
+    the folders beside the site folder (PYTHONPATH, existing or not) are added instead, for a
+    stamp that watches them."""
     from importpatch import sites
     from importpatch.discover import catalog
 
@@ -641,11 +678,15 @@ def _site_key_covers() -> bool:
     static = _stdlib_folders()
     for folder in sites.search_path():
         if folder != os.path.abspath(sitedir) and os.path.realpath(folder) not in static:
-            return False
+            if watch is None:
+                return False
+            watch.append(folder)
     for entry in site_path:  # a folder that does not exist yet (PYTHONPATH) joins it on appearing
         folder = os.path.abspath(entry or os.curdir)
         if not os.path.exists(folder) and os.path.realpath(folder) not in static:
-            return False
+            if watch is None:
+                return False
+            watch.append(folder)
     if _later_pth_names_a_missing_folder(sitedir):
         return False
     now = catalog.signature((sitedir,))

@@ -128,6 +128,7 @@ if __name__ != "importpatch._pth":  # executed by the .pth line (imported: nothi
             names = b" ".join(environ_bytes)  # POSIX: the bytes names, joined in C
         except Exception:
             names = b"IMPORTPATCH_"  # not bytes (Windows): _pth_on decides
+        stamps = None
         if b"IMPORTPATCH_" not in names and b"VLLM_CUSTOM_PATCHES" not in names:
             # The cache folder as _boot spells it: $XDG_CACHE_HOME, else
             # os.path.expanduser("~/.cache"), which is $HOME/.cache where HOME is set.
@@ -137,6 +138,14 @@ if __name__ != "importpatch._pth":  # executed by the .pth line (imported: nothi
                 cache = (home.rstrip(b"/") + b"/.cache" if home is not None
                          else os.path.expanduser(b"~/.cache"))
             stamps = b"/" + cache + b"/importpatch/s"
+        elif names.count(b"IMPORTPATCH_") == 1 and b"VLLM_CUSTOM_PATCHES" not in names:
+            # Only a cache folder of its own is set (a cache volume, patches off): its stamps
+            # are there (absolute only, as _boot writes them).
+            cache = (environ_bytes.get(b"IMPORTPATCH_CACHE_DIR")
+                     or environ_bytes.get(b"VLLM_IMPORTPATCH_CACHE_DIR") or b"")
+            if cache[:1] == b"/":
+                stamps = cache.rstrip(b"/") + b"/s"
+        if stamps is not None:
             # mtime alone is shared by site folders that tar, cp -a or a reproducible build
             # made: ctime (set by the kernel, never copied) and inode tell them apart.
             info = os.stat(sitedir)
@@ -152,6 +161,32 @@ if __name__ != "importpatch._pth":  # executed by the .pth line (imported: nothi
                     info = os.lstat(stamp)
                     if info.st_uid == uid and info.st_mode & 0o170000 == 0o100000:
                         size = info.st_size
+                if 0 < size < 65536:
+                    # Nothing on, where folders beside the site folder could bring a patch
+                    # package (PYTHONPATH): "W", sys.path as it is here (one entry a line: a
+                    # relative PYTHONPATH names other folders elsewhere), then "<mtime> <ctime>
+                    # <inode>\t<folder>" of each such folder (-1 where missing), then the check
+                    # of the body (_slot.stamp_check), NUL-separated (_boot.watch_stamp_bytes).
+                    # All equal: nothing on. Anything else: _pth_on (which starts the hook).
+                    with open(stamp, "rb") as w_file:
+                        w_body, _, w_check = w_file.read().rpartition(b"\0")
+                    w_kind, _, w_body_rest = w_body.partition(b"\0")
+                    w_path, _, w_sigs = w_body_rest.partition(b"\0")
+                    if w_kind == b"W" and w_check == b"%d" % (
+                            int.from_bytes(w_body, "little") % 2305843009213693951) and (
+                            w_path == "\n".join(sys.path).encode("utf-8", "surrogateescape")):
+                        for w_line in w_sigs.split(b"\n"):
+                            w_sig, _, w_folder = w_line.partition(b"\t")
+                            try:
+                                info = os.stat(w_folder)
+                                if w_sig != b"%d %d %d" % (
+                                        info.st_mtime_ns, info.st_ctime_ns, info.st_ino):
+                                    break
+                            except OSError:
+                                if w_sig != b"-1":
+                                    break
+                        else:
+                            size = 0
             except Exception:  # (a NUL in a variable, a missing folder): the hook decides
                 pass
         if size != 0:
