@@ -432,15 +432,13 @@ def _runs_all(fp: diffs.FilePatch, tag: str) -> list[list[str]]:
 def _verified(base: str, ours: str, theirs: str, fp: diffs.FilePatch, labels: Labels,
               merged: FileMerge) -> FileMerge:
     """``merged`` (clean) kept where git's merge gives the same text, or where ``unproven``
-    finds nothing wrong with it (without git: only where ``reindented`` settled a region, the
-    one place importpatch's merge goes beyond git's; elsewhere its alignment is git's, measured
-    in ``Matcher``). Else: the target unchanged when it already has the change (re-indented);
-    git's clean merge when that one is right; otherwise a conflict with both sides."""
+    finds nothing wrong with it (without git, every clean merge is held to ``unproven``: merge3's
+    own regions can make the second copy too, and a line two sides add at two places then
+    conflicts, never a wrong merge). Else: the target unchanged when it already has the change
+    (re-indented); git's clean merge when that one is right; else a conflict with both sides."""
     git = git_merge(base, ours, theirs, labels)
     if git is not None and git[0] and git[1] == merged.text:
         merged.checked = "the same as git merge-file's"
-        return merged
-    if git is None and not merged.settled:
         return merged
     why = unproven(base, ours, theirs, merged.text)
     if not why:
