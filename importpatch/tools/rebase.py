@@ -6,9 +6,13 @@ a 3-way merge of (base, ours, theirs) with ``merge3`` (Breezy's implementation o
 merge3 algorithm, on PyPI): regions only we changed take ours, regions only upstream changed take
 theirs, regions both changed alike are *already upstream* (never duplicated), regions both
 changed differently, or changes that touch, are conflicts. This is what ``git apply --3way``
-does (git 2.32+: the 3-way merge first, a plain apply only when the base is unknown), so a clean
-result here is one git would give too; ``scripts/rebase_corpus.py`` measures that on vLLM's
-history. Lines are aligned by ``Matcher`` (difflib without its "popular line" heuristic,
+does (git 2.32+: the 3-way merge first, a plain apply only when the base is unknown), and
+``scripts/rebase_corpus.py`` measures the agreement on vLLM's history. A clean result is then
+checked (``_verified``): it stands where it is ``git merge-file``'s text or shown right line by
+line (the change present once, nothing upstream removed added back); else it is the target
+unchanged (the change already there, re-indented), git's merge when that one is right, or a
+conflict (issue 37: a change upstream already has, re-indented, must not be made twice).
+Lines are aligned by ``Matcher`` (difflib without its "popular line" heuristic,
 insertions slid down as git's xdiff slides them).
 
 A clean rebase writes the rebased diff (``Base:`` the target release; the rest of the header
