@@ -419,3 +419,27 @@ def test_rebase_and_from_git_of_a_change_upstream_has_reindented(
     assert patch["status"] == "upstream", patch
     assert patch["files"][0]["hunks"][0]["status"] == "upstream"
     assert not list(patches.glob("fork-*.diff"))
+
+
+def test_rebase_of_a_genuine_reindent_merges_and_says_git_conflicts_there(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """(d) through the command line: the edit is carried into upstream's `with`, once, and the
+    report says that git conflicts on this file (the one merge to review)."""
+    (d,) = [c for c in CORPUS if c.name == "d-adds-a-line"]
+    old = _tree(tmp_path / "old", "0.28.0", d.base)
+    new = _tree(tmp_path / "new", "0.29.0", d.theirs)
+    (Path(env["IMPORTPATCH_PATH"]) / "cast.diff").write_text(
+        "Name: cast\nBase: vllm==0.28.0\nRequires: vllm>=0.28,<0.29\n\n"
+        + diffs.make_diff(d.base, d.ours, "vllm/m.py"))
+    out = tmp_path / "cast-carried.diff"
+    done = _cli("rebase", "cast", "--base", str(old), "--to", str(new), "--out", str(out),
+                "--work", str(tmp_path / "work"), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("vllm/m.py: 3-way merge, clean (git merge-file conflicts; the change is there once "
+            "and nothing upstream removed is back)") in " ".join(done.stdout.split())
+    carried = out.read_text()
+    assert "+            token_logprobs = token_logprobs.to(torch.float32)\n" in carried
+    body = carried.split("+++ b/vllm/m.py\n")[1].splitlines()
+    assert [x for x in body if x[:1] in "+-"] == [  # one line added, nothing else
+        "+            token_logprobs = token_logprobs.to(torch.float32)"]
+    assert diffs.apply(d.theirs, diffs.parse(carried).files[0]) == d.expected

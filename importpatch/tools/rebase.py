@@ -782,7 +782,10 @@ def rebase(
             # The base release has the file at the path the rebased diff names; a module that
             # moved (found through candidates) is not found there by that diff.
             bases[rel] = base_text
-        files.append(FileReport(module, rel, merged.how, merged.hunks, merged.conflicts))
+        # Clean where git conflicts (a region only re-indented upstream): said, to review.
+        note = merged.checked if merged.checked.startswith("git merge-file conflicts") else ""
+        files.append(FileReport(module, rel, merged.how, merged.hunks, merged.conflicts,
+                                detail=note))
         texts.append((rel, module, theirs, merged.text))
 
     report = Report(name, base_label, target_label, files,
