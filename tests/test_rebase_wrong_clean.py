@@ -443,3 +443,70 @@ def test_rebase_of_a_genuine_reindent_merges_and_says_git_conflicts_there(
     assert [x for x in body if x[:1] in "+-"] == [  # one line added, nothing else
         "+            token_logprobs = token_logprobs.to(torch.float32)"]
     assert diffs.apply(d.theirs, diffs.parse(carried).files[0]) == d.expected
+
+
+# -- vLLM's own history (IMPORTPATCH_VLLM_MIRROR) --------------------------------------------------
+
+
+def mined_reindents(mirror: str, commits: int, window: int) -> Iterator[tuple[str, str, str]]:
+    """(C, D, path) of vLLM's first-parent history: D re-indents (into a new ``try``/``if``/
+    ``with``/``for``) at least two lines, most of whose text one-file commit C, at most
+    ``window`` commits earlier, added: the change already in the target, re-indented."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", f"--git-dir={mirror}", *args], capture_output=True,
+                              text=True, errors="replace", check=True).stdout
+
+    chain = git("rev-list", "--first-parent", "-n", str(commits), "HEAD", "--", "vllm/").split()
+    chain.reverse()
+    changed: dict[str, dict[str, tuple[list[str], list[str]]]] = {}
+    for sha in chain:
+        files: dict[str, tuple[list[str], list[str]]] = {}
+        cur = None
+        for line in git("diff-tree", "-p", "-U0", "--no-renames", sha, "--", "vllm/").splitlines():
+            if line.startswith("+++ "):
+                cur = line[6:] if line.startswith("+++ b/") and line.endswith(".py") else None
+                if cur:
+                    files[cur] = ([], [])
+            elif cur and line[:1] in "+-" and not line.startswith(("+++", "---")):
+                files[cur][0 if line[0] == "+" else 1].append(line[1:])
+        changed[sha] = files
+    for i, d in enumerate(chain):
+        for path, (plus, minus) in changed[d].items():
+            added = {x.strip() for x in plus if x.strip()}
+            moved = {x.strip() for x in minus if x.strip() in added and x not in plus}
+            if len(moved) < 2 or not any(x.strip().startswith(("try:", "if ", "with ", "for "))
+                                         for x in plus):
+                continue
+            for c in chain[max(0, i - window):i]:
+                if list(changed[c]) != [path]:
+                    continue
+                new = [x.strip() for x in changed[c][path][0] if x.strip()]
+                if new and sum(x in moved for x in new) >= max(1, len(new) // 2):
+                    yield c, d, path
+
+
+@pytest.mark.skipif(not os.environ.get("IMPORTPATCH_VLLM_MIRROR"),
+                    reason="IMPORTPATCH_VLLM_MIRROR (a vLLM git history) is not set")
+def test_vllm_history_reindents_are_never_wrong_clean(tmp_path: Path) -> None:
+    mirror = os.environ["IMPORTPATCH_VLLM_MIRROR"]
+
+    def show(rev: str, path: str) -> str:
+        return subprocess.run(["git", f"--git-dir={mirror}", "show", f"{rev}:{path}"],
+                              capture_output=True, text=True, check=True).stdout
+
+    cases = list(mined_reindents(mirror, int(os.environ.get("IMPORTPATCH_MINE_COMMITS", "3000")),
+                                 200))
+    assert cases, "no commit of the history re-indents an earlier commit's lines"
+    tally: collections.Counter[str] = collections.Counter()
+    for n, (c, d, path) in enumerate(cases):
+        case = Case("vllm", f"{c[:10]}-{d[:10]}", show(f"{c}^", path), show(c, path),
+                    show(d, path), "either")
+        folder = tmp_path / str(n)
+        folder.mkdir()
+        fm = merged(case)
+        git_clean, git_text = git_merge_file(folder, case)
+        if fm.clean and not (git_clean and fm.text == git_text):
+            # importpatch merges where git does not, or otherwise: it must be shown right
+            assert rebase.unproven(case.base, case.ours, case.theirs, fm.text) == "", case.name
+        tally[f"{verdict(fm, case.theirs)} (git {'clean' if git_clean else 'conflict'})"] += 1
+    print(dict(tally))
