@@ -15,7 +15,10 @@ trips on:
 (d) upstream genuinely re-indented the lines (a ``with``, vLLM 0.29's ``gpu_sync_allowed``), the
     change not in the target yet: it must still merge, the edit applied re-indented (the
     vllm-gaudi case; its end-to-end test is tests/test_pins.py's
-    test_a_copied_replace_converts_to_a_diff_of_the_edit_that_rebase_carries).
+    test_a_copied_replace_converts_to_a_diff_of_the_edit_that_rebase_carries);
+(v) a real one found in vLLM's history (``test_vllm_history_reindents_are_never_wrong_clean``
+    mines such pairs with IMPORTPATCH_VLLM_MIRROR): #13269's change, which #13578 put under an
+    ``if`` and kept the old line under its ``else``.
 
 Every verdict is compared with real ``git merge-file`` (and ``git apply --3way`` in a repository
 for the clean ones) run here; ``rebase`` and ``from-git`` are run through the command line on
@@ -180,7 +183,90 @@ def family_d() -> Iterator[Case]:
                    expected=_gather([_WITH, *_ind(edit(_GATHER))]), once=(_WITH.strip(),))
 
 
-CORPUS = [*family_ab("a"), *family_ab("b"), *family_c(), *family_d()]
+# -- (v): a real one. vLLM #13269 (5ae9f26a5, "Fix device ordinal for multi-node spec decode")
+# changed the sampler's init_tensors rank; #13578 (8c755c3b6, a few hours later) put it under
+# `if model_parallel_is_initialized():` and kept the old line in the `else:`. Carrying #13269
+# onto 8c755c3b6, the old rules made the change a second time, in the `else` (git conflicts).
+# Excerpts of vllm/spec_decode/spec_decode_worker.py at 5ae9f26a5^, 5ae9f26a5 and 8c755c3b6.
+
+_SPEC_BASE = (
+    'from vllm.config import ParallelConfig, SpeculativeConfig, VllmConfig\n'
+    'from vllm.distributed.communication_op import (broadcast_tensor_dict,\n'
+    '                                               tensor_model_parallel_gather)\n'
+    'from vllm.logger import init_logger\n'
+    '\n'
+    '\n'
+    'class SpecDecodeWorker(LoraNotSupportedWorkerBase):\n'
+    '\n'
+    '    def load_model(self) -> None:\n'
+    '        if self._enable_lm_head_weight_load:\n'
+    '            # NOTE(Shangming): gather lm_head weight when tp enabled\n'
+    '            target_lm_head_weight: torch.Tensor = tensor_model_parallel_gather(\n'
+    '                self.scorer_worker.model_runner.model_runner.model.lm_head.\\\n'
+    '                    weight.data,\n'
+    '                    dim=0,\n'
+    '            )\n'
+    '\n'
+    '            self.proposer_worker.maybe_load_lm_head_weight(\n'
+    '                target_lm_head_weight)\n'
+    '\n'
+    '        self._metrics.init_tensors(self.rank, device_type=self.device)\n'
+    '        self.spec_decode_sampler.init_tensors(self.rank,\n'
+    '                                              device_type=self.device)\n'
+    '\n'
+    '        scorer_cls: Type[SpeculativeScorer]\n'
+    '        if self.disable_mqa_scorer:\n'
+    '            scorer_cls = BatchExpansionTop1Scorer\n'
+    '            logger.info("[Speculative Decoding] Use batch "\n'
+)
+_PAD = " " * 46  # the continuation indent of both statements
+_SPEC_OURS = _SPEC_BASE.replace(
+    "(broadcast_tensor_dict,\n", f"(broadcast_tensor_dict,\n {_PAD}get_tp_group,\n", 1).replace(
+    f"init_tensors(self.rank,\n{_PAD}", f"init_tensors(get_tp_group().local_rank,\n{_PAD}", 1)
+_SPEC_THEIRS = (
+    'from vllm.config import ParallelConfig, SpeculativeConfig, VllmConfig\n'
+    'from vllm.distributed.communication_op import (broadcast_tensor_dict,\n'
+    '                                               get_tp_group,\n'
+    '                                               tensor_model_parallel_gather)\n'
+    'from vllm.distributed.parallel_state import model_parallel_is_initialized\n'
+    'from vllm.logger import init_logger\n'
+    '\n'
+    '\n'
+    'class SpecDecodeWorker(LoraNotSupportedWorkerBase):\n'
+    '\n'
+    '    def load_model(self) -> None:\n'
+    '        if self._enable_lm_head_weight_load:\n'
+    '            # NOTE(Shangming): gather lm_head weight when tp enabled\n'
+    '            target_lm_head_weight: torch.Tensor = tensor_model_parallel_gather(\n'
+    '                self.scorer_worker.model_runner.model_runner.model.lm_head.\\\n'
+    '                    weight.data,\n'
+    '                    dim=0,\n'
+    '            )\n'
+    '\n'
+    '            self.proposer_worker.maybe_load_lm_head_weight(\n'
+    '                target_lm_head_weight)\n'
+    '\n'
+    '        self._metrics.init_tensors(self.rank, device_type=self.device)\n'
+    '        if model_parallel_is_initialized():\n'
+    '            self.spec_decode_sampler.init_tensors(get_tp_group().local_rank,\n'
+    '                                                  device_type=self.device)\n'
+    '        else:\n'
+    '            self.spec_decode_sampler.init_tensors(self.rank,\n'
+    '                                                  device_type=self.device)\n'
+    '\n'
+    '        scorer_cls: Type[SpeculativeScorer]\n'
+    '        if self.disable_mqa_scorer:\n'
+    '            scorer_cls = BatchExpansionTop1Scorer\n'
+    '            logger.info("[Speculative Decoding] Use batch "\n'
+)
+
+
+def family_v() -> Iterator[Case]:
+    yield Case("v", "v-vllm-13269-onto-8c755c3b6", _SPEC_BASE, _SPEC_OURS, _SPEC_THEIRS,
+               "conflict")
+
+
+CORPUS = [*family_ab("a"), *family_ab("b"), *family_c(), *family_d(), *family_v()]
 
 
 # -- git ---------------------------------------------------------------------------------------
@@ -284,7 +370,7 @@ def test_corpus_counts_and_agreement_with_git(tmp_path: Path) -> None:
         tally[(case.family, got, same)] += 1
     counts = {f"{f} {v} ({s})": n for (f, v, s), n in sorted(tally.items())}
     print(json.dumps(counts, indent=1))
-    assert len(CORPUS) == sum(tally.values()) == 76 + 76 + 300 + 4
+    assert len(CORPUS) == sum(tally.values()) == 76 + 76 + 300 + 4 + 1
     # (a), (b): 11 of 76 placements each merge as the target unchanged (the old rules made a
     # second copy of the change in every one of them); the rest conflict, as git does.
     for f in "ab":
@@ -292,6 +378,7 @@ def test_corpus_counts_and_agreement_with_git(tmp_path: Path) -> None:
         assert tally[(f, "conflict", "git-conflict")] == 65
         assert not any(k[0] == f and k[1] == "merge" for k in tally)
     assert tally[("d", "merge", "git-conflict")] == 4
+    assert tally[("v", "conflict", "git-conflict")] == 1
     assert tally[("c", "merge", "= git")] == 22 and tally[("c", "merge", "git-conflict")] == 20
     assert not any(s == "git clean, differs" and v != "conflict" for (_, v, s) in tally)
 
