@@ -428,15 +428,28 @@ def test_reindented_refuses_a_patch_that_reindents_the_lines_upstream_reindented
         "    with y:\n", "        b()\n"]
 
 
-def test_without_git_a_settled_merge_is_still_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where git is not installed, the check of a region ``reindented`` settled still runs: (a)
-    is the target unchanged, (d) still merges."""
+def test_without_git_no_case_is_wrong_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where git is not installed, the check still runs where a second copy can come from (a
+    region ``reindented`` settled, or a line of the patch upstream added too): no case of the
+    corpus is clean and wrong; (a) and (b) are the target unchanged or a conflict, (d) merges."""
     monkeypatch.setattr(rebase, "git_merge", lambda *a: None)
+    tally: collections.Counter[str] = collections.Counter()
+    for case in CORPUS:
+        fm = merged(case)
+        got = verdict(fm, case.theirs)
+        tally[got] += 1
+        if case.want != "either":
+            assert got == case.want, case.name
+        if got == "conflict":
+            continue
+        counts = keys(fm.text)
+        assert all(counts[line] == 1 for line in case.once), case.name
+        assert all(counts[line] == keys(case.theirs)[line] for line in case.gone), case.name
+        if case.expected:
+            assert fm.text == case.expected, case.name
     (a,) = [c for c in CORPUS if c.name == "a-blanks2-block2c-at1-wrap0"]
     assert verdict(merged(a), a.theirs) == "noop"
-    for d in (c for c in CORPUS if c.family == "d"):
-        fm = merged(d)
-        assert fm.clean and fm.text == d.expected
+    assert tally["noop"] == 22 and tally["merge"] == 4 + 42
 
 
 # -- through the command line ----------------------------------------------------------------------

@@ -414,6 +414,13 @@ def unproven(base: str, ours: str, theirs: str, result: str) -> str:
     return ""
 
 
+def _both_added(base: str, ours: str, theirs: str) -> bool:
+    """Whether upstream added a (non-blank) line the patch adds too: then the target may have
+    the change already, and a merge can make it a second time."""
+    cb, co, ct = (_counts(t) for t in (base, ours, theirs))
+    return any(line and co[line] > cb[line] and ct[line] > cb[line] for line in co)
+
+
 def already_upstream(base: str, ours: str, theirs: str, fp: diffs.FilePatch) -> bool:
     """Whether the target reads as the patch's new side, re-indented: the target has every
     change of line counts the patch makes (``unproven`` of the target itself is ""), and each
@@ -436,13 +443,19 @@ def _runs_all(fp: diffs.FilePatch, tag: str) -> list[list[str]]:
 def _verified(base: str, ours: str, theirs: str, fp: diffs.FilePatch, labels: Labels,
               merged: FileMerge) -> FileMerge:
     """``merged`` (clean) kept where git's merge gives the same text, or where ``unproven``
-    finds nothing wrong with it (without git, every clean merge is held to ``unproven``: merge3's
-    own regions can make the second copy too, and a line two sides add at two places then
-    conflicts, never a wrong merge). Else: the target unchanged when it already has the change
+    finds nothing wrong with it (without git: where a region was settled by ``reindented`` or
+    upstream added a line the patch adds; merge3's own regions can make the second copy too).
+    Else: the target unchanged when it already has the change
     (re-indented); git's clean merge when that one is right; else a conflict with both sides."""
     git = git_merge(base, ours, theirs, labels)
     if git is not None and git[0] and git[1] == merged.text:
         merged.checked = "the same as git merge-file's"
+        return merged
+    if git is None and not merged.settled and not _both_added(base, ours, theirs):
+        # Without git, and nothing settled beyond merge3 (whose alignment is git's, Matcher)
+        # nor any line of the patch's already added upstream (what a second copy is made of):
+        # merge3's result stands, as it did, rather than a line count that real merges can
+        # legitimately miss (a bracket both sides moved).
         return merged
     why = unproven(base, ours, theirs, merged.text)
     if not why:
