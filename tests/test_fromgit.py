@@ -446,7 +446,8 @@ def test_the_base_is_the_upstream_release_the_fork_sits_on(
     report = json.loads(run_cli(*run, env=env).stdout)
     assert report["base"] == "tpkg==1.1", report.get("base_how")
     assert report["base_how"].startswith(
-        "release tags of the remote 'upstream': v1.1 is nearest the range start")
+        "release tags of the remote 'upstream': the range start ")
+    assert " is untagged; v1.1 is the nearest release, 1 commit(s) away" in report["base_how"]
     written = Path(env["IMPORTPATCH_PATH"]) / report["patches"][0]["name"]
     assert "Base: tpkg==1.1\nRequires: tpkg>=1.1,<1.2\n" in written.with_suffix(".diff").read_text()
     # --base chooses: a tag, NAME==VERSION; a word that is neither is refused.
@@ -456,7 +457,44 @@ def test_the_base_is_the_upstream_release_the_fork_sits_on(
     proc = run_cli(*run, "--dry-run", "--base", "latest", env=env, rc=2)
     assert "--base latest: neither NAME==VERSION" in proc.stderr
     text = " ".join(run_cli(*run[:-1], "--dry-run", env=env).stdout.split())
-    assert " base: release tags of the remote 'upstream': v1.1 is nearest" in text
+    assert " base: release tags of the remote 'upstream': the range start " in text
+
+
+def test_each_patch_gets_the_base_its_own_commit_sits_on(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A range across releases (issue 37 item 4): v1.0, a fix, v1.1 on the next commit, then
+    12 commits with no tag. Each patch's Base is its own parent's release: 1.0 for the first,
+    1.1 for those after v1.1, and a parent that is no release says so, naming the nearest one
+    and how many commits away it is (here 11 for the last), never passed off as that release."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, "release 1.0", {"tpkg/__init__.py": "", "tpkg/core.py": CORE})
+    git(repo, "tag", "v1.0")
+    commit(repo, "fix one", {"tpkg/core.py": ("x + 1\n", "x + 1 + 0\n")})
+    commit(repo, "release 1.1", {"tpkg/core.py": ("x + 2\n", "x + 2 + 0\n")})
+    git(repo, "tag", "v1.1")
+    for i in range(3, 15):
+        commit(repo, f"work {i}", {"tpkg/core.py": (f"x + {i}\n", f"x + {i} + 0\n")})
+    run = ("from-git", str(repo), "v1.0..HEAD", "--to", "none", "--name", "up")
+    report = json.loads(run_cli(*run, "--json", env=env).stdout)
+    assert report["base"] == "tpkg==1.0" and report["base_how"].endswith("the range start is v1.0")
+    got = [(p["base"], p["base_distance"]) for p in report["patches"]]
+    assert got[0] == ("tpkg==1.0", 0)  # its parent is v1.0
+    assert got[2] == ("tpkg==1.1", 0)  # its parent is v1.1
+    assert got[3:] == [("tpkg==1.1", k) for k in range(1, 12)]  # v1.1 plus k commits
+    last = report["patches"][-1]
+    assert " is untagged; v1.1 is the nearest release, 11 commit(s) away" in last["base_how"]
+    patches = Path(env["IMPORTPATCH_PATH"])
+    heads = [(patches / f"{p['name']}.diff").read_text().split("diff --git")[0]
+             for p in report["patches"]]
+    assert "Base: tpkg==1.0\n" in heads[0] and "Base: tpkg==1.1\n" in heads[2]
+    assert "Base: tpkg==1.1\nRequires: tpkg>=1.1,<1.2\n" in heads[-1]
+    text = " ".join(run_cli(*run, "--dry-run", env=env).stdout.split())
+    assert (f"{last['name']} ({last['commit'][:12]}): made (not carried) base tpkg==1.1: "
+            "release tags: the commit's parent ") in text
+    assert "is untagged; v1.1 is the nearest release, 11 commit(s) away" in text
 
 
 def test_a_module_that_became_a_package_is_named_as_the_target_has_it(

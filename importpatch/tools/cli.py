@@ -703,6 +703,8 @@ def cmd_from_git(args: argparse.Namespace) -> int:
         for k, v in counts.items():
             totals[k] = totals.get(k, 0) + v
         lines.append(f"{p.name} ({p.commit[:12]}): {words.get(p.status, p.status)}")
+        if p.base_how and p.base_how != report.base_how:  # its own base, said when not the range's
+            lines.append(f"    base {p.base or 'unknown release'}: {p.base_how}")
         for f in p.files:
             lines.append(f"    {f.path}: {f.how}" + (f" ({f.detail})" if f.detail else ""))
             for h in f.hunks:

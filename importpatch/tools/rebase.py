@@ -6,9 +6,13 @@ a 3-way merge of (base, ours, theirs) with ``merge3`` (Breezy's implementation o
 merge3 algorithm, on PyPI): regions only we changed take ours, regions only upstream changed take
 theirs, regions both changed alike are *already upstream* (never duplicated), regions both
 changed differently, or changes that touch, are conflicts. This is what ``git apply --3way``
-does (git 2.32+: the 3-way merge first, a plain apply only when the base is unknown), so a clean
-result here is one git would give too; ``scripts/rebase_corpus.py`` measures that on vLLM's
-history. Lines are aligned by ``Matcher`` (difflib without its "popular line" heuristic,
+does (git 2.32+: the 3-way merge first, a plain apply only when the base is unknown), and
+``scripts/rebase_corpus.py`` measures the agreement on vLLM's history. A clean result is then
+checked (``_verified``): it stands where it is ``git merge-file``'s text or shown right line by
+line (the change present once, nothing upstream removed added back); else it is the target
+unchanged (the change already there, re-indented), git's merge when that one is right, or a
+conflict (issue 37: a change upstream already has, re-indented, must not be made twice).
+Lines are aligned by ``Matcher`` (difflib without its "popular line" heuristic,
 insertions slid down as git's xdiff slides them).
 
 A clean rebase writes the rebased diff (``Base:`` the target release; the rest of the header
@@ -24,6 +28,7 @@ the command exits 3 with the install command).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import os
@@ -169,6 +174,8 @@ class FileMerge:
     text: str  # the rebased file (with conflict markers when how == conflict)
     hunks: list[HunkFate]
     conflicts: list[Conflict]
+    settled: int = 0  # conflict regions settled by ``reindented`` (beyond git's merge)
+    checked: str = ""  # how a clean result was checked (``_verified``)
 
     @property
     def clean(self) -> bool:
@@ -194,7 +201,10 @@ def merge_file(
         ours = diffs.apply(base, fp)
     except diffs.HunkMismatch as exc:
         raise NotApplicable(str(exc)) from None
-    return _three_way(base, ours, theirs, fp, labels)
+    merged = _three_way(base, ours, theirs, fp, labels)
+    if not merged.clean:
+        return merged
+    return _verified(base, ours, theirs, fp, labels, merged)
 
 
 @dataclasses.dataclass
@@ -234,7 +244,8 @@ def _locate(keys: list[str], want: list[str], stated: int) -> int:
 
 
 def _three_way(
-    base: str, ours: str, theirs: str, fp: diffs.FilePatch, labels: Labels
+    base: str, ours: str, theirs: str, fp: diffs.FilePatch, labels: Labels,
+    settle: bool = True,
 ) -> FileMerge:
     import merge3
 
@@ -251,6 +262,7 @@ def _three_way(
     kinds: dict[int, list[str]] = {s.index: [] for s in spans}
     landed: dict[int, tuple[int, int]] = {}  # hunk -> (output line, moved)
     upstream_near: dict[int, list[int]] = {s.index: [] for s in spans}
+    n_settled = 0
     # Positions in base, ours and theirs at the end of the last sync region (lines all three
     # share); 'moved' is theirs minus base there, which is exact for the change that follows.
     found = m.find_sync_regions()
@@ -286,8 +298,10 @@ def _three_way(
         assert what == "conflict"
         _, z1, z2, a1, a2, b1, b2 = region
         owners = _owners(spans, a1, a2)
-        settled = reindented(base_lines[z1:z2], ours_lines[a1:a2], their_lines[b1:b2])
-        if settled is not None:  # upstream only re-indented and inserted lines there
+        settled = (reindented(base_lines[z1:z2], ours_lines[a1:a2], their_lines[b1:b2])
+                   if settle else None)
+        if settled is not None:
+            n_settled += 1  # upstream only re-indented and inserted lines there
             for s in owners:
                 kinds[s.index].append(APPLIED)
                 landed.setdefault(s.index, (len(out) + 1, ib - iz))
@@ -330,7 +344,166 @@ def _three_way(
         fates.append(fate)
     text = "".join(out)
     unsettled = conflicts or any(f.status == CONFLICT for f in fates)
-    return FileMerge(CONFLICT if unsettled else MERGED, text, fates, conflicts)
+    return FileMerge(CONFLICT if unsettled else MERGED, text, fates, conflicts, n_settled)
+
+
+# -- Checking a clean result -------------------------------------------------------------------
+#
+# merge3's regions and ``reindented`` can read a change the target already has (re-indented
+# by upstream: a ``try:`` or ``if`` put around it) as upstream lines next to an edit still to
+# make, and write the change a second time, nested in upstream's copy: valid Python, so nothing
+# after the merge would catch it (issue 37). So a clean result stands only where it is the
+# text git's own 3-way merge gives, or where it is shown right line by line (``unproven``).
+
+
+def git_merge(base: str, ours: str, theirs: str, labels: Labels) -> tuple[bool, str] | None:
+    """``git merge-file --diff3`` of the same three texts, with the same labels: (clean, the
+    merged text, with git's markers when not clean); None when git is not installed or fails.
+    It is the 3-way merge ``git apply --3way`` and ``git cherry-pick`` run on a file."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    git = shutil.which("git")
+    if git is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="importpatch-merge-") as folder:
+        paths = []
+        for name, text in (("target", theirs), ("base", base), ("patch", ours)):
+            path = os.path.join(folder, name)
+            with open(path, "wb") as f:
+                f.write(text.encode("utf-8", "surrogateescape"))
+            paths.append(path)
+        try:
+            done = subprocess.run(
+                [git, "merge-file", "-p", "--diff3", "-L", labels.target, "-L", labels.base,
+                 "-L", labels.patch, *paths],
+                capture_output=True, env={**os.environ, "LC_ALL": "C"}, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    if not 0 <= done.returncode <= 127:  # <0: killed; 255: git's own error
+        return None
+    return done.returncode == 0, done.stdout.decode("utf-8", "surrogateescape")
+
+
+def _counts(text: str) -> collections.Counter[str]:
+    # Lines without their indentation: upstream's re-indent of a line is not a change of it.
+    return collections.Counter(line.strip() for line in split_lines(text))
+
+
+def unproven(base: str, ours: str, theirs: str, result: str) -> str:
+    """"" when ``result`` is the target with the patch's edit made once: per line (without its
+    indentation), as many copies as the target has, plus the patch's change of that count,
+    where upstream did not make the same change already (then once, not twice); so the change
+    is present exactly once and nothing upstream removed is added back. Else what is wrong."""
+    cb, co, ct, cr = (_counts(t) for t in (base, ours, theirs, result))
+    for line in sorted(set(cb) | set(co) | set(ct) | set(cr), key=lambda x: (not x, x)):
+        d_ours, d_theirs = co[line] - cb[line], ct[line] - cb[line]
+        both = d_ours * d_theirs > 0  # the same change made on both sides: made once
+        want = cb[line] + (max(d_ours, d_theirs, key=abs) if both else d_ours + d_theirs)
+        if cr[line] == want:
+            continue
+        shown = repr(line) if line else "a blank line"
+        if cr[line] > want and d_theirs < 0:
+            return f"it adds back {shown}, which upstream removed"
+        if cr[line] > want and both:
+            return (f"it has {shown} {cr[line]} times: the target already has the change, "
+                    "and the merge makes it again")
+        return (f"it has {shown} {cr[line]} time(s), where the target with the patch's change "
+                f"made once has it {want} time(s)")
+    return ""
+
+
+def _both_added(base: str, ours: str, theirs: str) -> bool:
+    """Whether upstream added a (non-blank) line the patch adds too: then the target may have
+    the change already, and a merge can make it a second time."""
+    cb, co, ct = (_counts(t) for t in (base, ours, theirs))
+    return any(line and co[line] > cb[line] and ct[line] > cb[line] for line in co)
+
+
+def already_upstream(base: str, ours: str, theirs: str, fp: diffs.FilePatch) -> bool:
+    """Whether the target reads as the patch's new side, re-indented: the target has every
+    change of line counts the patch makes (``unproven`` of the target itself is ""), and each
+    run of lines a hunk adds is in the target, in order (indentation and blank lines aside)."""
+    if ours == base or unproven(base, ours, theirs, theirs):
+        return False
+    keys = [x.strip() for x in split_lines(theirs) if x.strip()]
+    for run in _runs_all(fp, "+"):
+        want = [x.strip() for x in run if x.strip()]
+        if want and not any(keys[p:p + len(want)] == want
+                            for p in range(len(keys) - len(want) + 1)):
+            return False
+    return True
+
+
+def _runs_all(fp: diffs.FilePatch, tag: str) -> list[list[str]]:
+    return [run for h in fp.hunks for run in _runs(h, tag)]
+
+
+def _verified(base: str, ours: str, theirs: str, fp: diffs.FilePatch, labels: Labels,
+              merged: FileMerge) -> FileMerge:
+    """``merged`` (clean) kept where git's merge gives the same text, or where ``unproven``
+    finds nothing wrong with it (without git: where a region was settled by ``reindented`` or
+    upstream added a line the patch adds; merge3's own regions can make the second copy too).
+    Else: the target unchanged when it already has the change
+    (re-indented); git's clean merge when that one is right; else a conflict with both sides."""
+    git = git_merge(base, ours, theirs, labels)
+    if git is not None and git[0] and git[1] == merged.text:
+        merged.checked = "the same as git merge-file's"
+        return merged
+    if git is None and not merged.settled and not _both_added(base, ours, theirs):
+        # Without git, and nothing settled beyond merge3 (whose alignment is git's, Matcher)
+        # nor any line of the patch's already added upstream (what a second copy is made of):
+        # merge3's result stands, as it did, rather than a line count that real merges can
+        # legitimately miss (a bracket both sides moved).
+        return merged
+    why = unproven(base, ours, theirs, merged.text)
+    if not why:
+        merged.checked = ("git merge-file conflicts; the change is there once and nothing "
+                          "upstream removed is back" if git is not None and not git[0] else
+                          "the change is there once and nothing upstream removed is back")
+        return merged
+    if already_upstream(base, ours, theirs, fp):
+        fates = [HunkFate(s.index, _hunk_header(h), UPSTREAM, None, None,
+                          "already upstream: the target release has its change, re-indented "
+                          "(the merge changes nothing for it)")
+                 for s, h in ((s, s.hunk) for s in _spans(split_lines(base), split_lines(ours),
+                                                          fp))]
+        return FileMerge(MERGED, theirs, fates, [], checked="already in the target")
+    if git is not None and git[0] and not unproven(base, ours, theirs, git[1]):
+        fates = [HunkFate(i, _hunk_header(h), MERGED, None, None,
+                          f"merged as git merge-file merges it (importpatch's own merge was "
+                          f"wrong: {why})") for i, h in enumerate(fp.hunks, 1)]
+        return FileMerge(MERGED, git[1], fates, [], checked="git merge-file's")
+    detail = (f"the 3-way merge reads clean but is wrong ({why}): resolve by hand")
+    plain = _three_way(base, ours, theirs, fp, labels, settle=False)
+    if not plain.clean:
+        for f in plain.hunks:
+            if f.status == CONFLICT:
+                f.detail = detail
+        return plain
+    if git is not None and not git[0]:
+        text = git[1]
+    else:  # both merges clean and both wrong: the whole file, both sides
+        eol = "\r\n" if theirs.count("\r\n") * 2 > theirs.count("\n") else "\n"
+        out: list[str] = []
+        _block(out, f"<<<<<<< {labels.target}", split_lines(theirs), eol)
+        _block(out, f"||||||| {labels.base}", split_lines(base), eol)
+        _block(out, "=======", split_lines(ours), eol)
+        out.append(f">>>>>>> {labels.patch}{eol}")
+        text = "".join(out)
+    which = list(range(1, len(fp.hunks) + 1))
+    conflicts = []
+    start = 0
+    for n, line in enumerate(split_lines(text), 1):
+        if line.startswith("<<<<<<< "):
+            start = n
+        elif line.startswith(">>>>>>> ") and start:
+            conflicts.append(Conflict(start, n, which, detail))
+            start = 0
+    fates = [HunkFate(i, _hunk_header(h), CONFLICT, detail=detail)
+             for i, h in enumerate(fp.hunks, 1)]
+    return FileMerge(CONFLICT, text, fates, conflicts)
 
 
 def reindented(base: list[str], ours: list[str], theirs: list[str]) -> list[str] | None:
@@ -370,6 +543,13 @@ def reindented(base: list[str], ours: list[str], theirs: list[str]) -> list[str]
         if tag == "equal":
             continue
         out += inserted.get(i1, []) if i1 < i2 else []
+        if tag == "replace" and any(
+                key(base[i]) == key(line) and theirs_of.get(i, base[i]) != base[i]
+                for i in range(i1, i2) for line in ours[j1:j2] if key(line)):
+            # The patch itself moves these lines into a block of its own (an `if` around
+            # them) and upstream re-indented them into another: nesting one in the other is
+            # a guess at a conflict (issue 37), git conflicts too.
+            return None
         near = i1 if i1 < len(base) else i1 - 1
         if near < 0 or near not in theirs_of:
             if j2 > j1:
@@ -615,7 +795,10 @@ def rebase(
             # The base release has the file at the path the rebased diff names; a module that
             # moved (found through candidates) is not found there by that diff.
             bases[rel] = base_text
-        files.append(FileReport(module, rel, merged.how, merged.hunks, merged.conflicts))
+        # Clean where git conflicts (a region only re-indented upstream): said, to review.
+        note = merged.checked if merged.checked.startswith("git merge-file conflicts") else ""
+        files.append(FileReport(module, rel, merged.how, merged.hunks, merged.conflicts,
+                                detail=note))
         texts.append((rel, module, theirs, merged.text))
 
     report = Report(name, base_label, target_label, files,
