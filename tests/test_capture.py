@@ -222,7 +222,9 @@ def test_refusals_are_one_line_and_change_nothing(
     assert "toy/core.py of wheel" in line and "is not the file toy-dist 1.2.0 installed" in line
     assert "no such file or folder" in refused("toy-dist", "--name", "x", "--from", "/nope.whl")
     # Dirty state: the patch file exists; the work folder holds unsaved edits.
-    (patches / "taken.diff").write_text("Name: taken\n")
+    # (with its target stated: a broken patch file whose targets no one can know is said by
+    # every process, this refusal's included: issue 34)
+    (patches / "taken.diff").write_text("Name: taken\n--- a/toy/core.py\n+++ b/toy/core.py\n")
     assert "taken.diff exists" in refused("toy-dist", "--name", "taken", "--from",
                                           str(toy_wheel))
     (patches / "taken.diff").unlink()
