@@ -22,8 +22,9 @@ from importpatch import safefiles
 HEAD_BYTES = 1 << 20
 
 # Methods of a Patch whose first argument is a target string ("pkg.mod:Qual" or, for
-# ``transform``, "pkg.mod"; candidates "a.b|c.d").
-_OP_METHODS = ("replace", "wrap", "add", "subclass", "field", "transform")
+# ``transform`` and ``after_import``, "pkg.mod"; candidates "a.b|c.d").
+_OP_METHODS = ("replace", "wrap", "add", "subclass", "field", "transform", "after_import")
+_MODULE_ONLY = ("transform", "after_import")
 _NAME = re.compile(r"""\bPatch\(\s*(?:name\s*=\s*)?(['"])([A-Za-z0-9_.-]+)\1""")
 _DIFF_FILE = re.compile(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)\.py\s*$", re.M)
 _TARGET = re.compile(r"""["']([A-Za-z_][\w.|]*):[A-Za-z_][\w.]*["']""")
@@ -219,7 +220,7 @@ def _of_python(text: str) -> Stated:
         if func.attr == "diff":
             groups = _diff_modules(first)
         else:
-            one = _groups(first, module_only=func.attr == "transform")
+            one = _groups(first, module_only=func.attr in _MODULE_ONLY)
             groups = [one] if one else []
         owner = owner_of(func.value)
         for group in groups:
