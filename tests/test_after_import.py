@@ -266,3 +266,20 @@ def test_list_and_check_show_the_op_and_where_it_runs(lab: Lab) -> None:
                              enable="lost").stdout)["patches"][0]["ops"][0]
     assert lost["status"] == "warn"
     assert "module nowhere_at_all is not found on sys.path here" in lost["detail"]
+
+
+def test_a_string_function_s_file_is_part_of_the_compile_cache_digest(lab: Lab) -> None:
+    # (a patch file's digest is its bytes: tests/test_compile_cache_key.py, k-after-import)
+    code = '''
+        import json, importpatch
+        from importpatch import Patch
+        Patch("api-hook").after_import("apkg.reg", "ahelp.hooks:register")
+        importpatch.enable()
+        from importpatch.integrations.vllm_compile import factor
+        print(json.dumps([factor(), "ahelp.hooks" in __import__("sys").modules]))
+        '''
+    before, imported = lab.json(code, enable=None)
+    assert before.startswith("api-hook=") and imported is False  # found, not imported
+    assert lab.json(code, enable=None)[0] == before
+    lab.target({"ahelp/hooks.py": "def register(mod):\n    mod.register('other', set)\n"})
+    assert lab.json(code, enable=None)[0] != before

@@ -215,6 +215,10 @@ def _of_python(text: str) -> Stated:
         if not (isinstance(func, ast.Attribute) and func.attr in (*_OP_METHODS, "diff")):
             continue
         first = literal(call.args[0]) if call.args else None
+        if func.attr == "after_import" and len(call.args) > 1:
+            helper = literal(call.args[1])  # "helper.module:function": no target of the patch
+            if helper and ":" in helper:
+                attributed.add(tuple(helper.partition(":")[0].split("|")))
         if first is None:
             continue
         if func.attr == "diff":
