@@ -107,15 +107,15 @@ def _code_files(entry: Entry) -> list[str]:
     patch = getattr(entry, "_patch", None)  # made with Patch(...) in this process
     ops = getattr(patch, "ops", ())
     codes = (getattr(op.obj, "__code__", None) for op in ops)
-    files = {code.co_filename for code in codes if code is not None}
+    found = {code.co_filename for code in codes if code is not None}
     # an after_import "helper.module:function": the helper's file, found without importing it
     helpers = {op.obj.partition(":")[0] for op in ops
                if op.kind == "after_import" and isinstance(op.obj, str)}
     if helpers:
         from importpatch.load.finder import source_file
 
-        files |= {f for f in map(source_file, helpers) if f}
-    return sorted(files)
+        found |= {f for f in map(source_file, helpers) if f}
+    return sorted(found)
 
 
 def _package_files(top: str) -> list[str]:
