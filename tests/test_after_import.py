@@ -5,6 +5,7 @@ item 1). Real child interpreters of the wheel venv (``lab``)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from coreutil import EVENTS, Lab
@@ -283,3 +284,23 @@ def test_a_string_function_s_file_is_part_of_the_compile_cache_digest(lab: Lab) 
     assert lab.json(code, enable=None)[0] == before
     lab.target({"ahelp/hooks.py": "def register(mod):\n    mod.register('other', set)\n"})
     assert lab.json(code, enable=None)[0] != before
+
+
+def test_status_shows_where_it_ran_in_each_process(lab: Lab) -> None:
+    events = lab.root / "events"
+    lab.ok('''
+        import multiprocessing as mp
+        import apkg.user, apkg.work
+        if __name__ == "__main__":
+            with mp.get_context("spawn").Pool(1) as pool:
+                pool.apply(apkg.work.names)
+        ''', enable="ai", env={"IMPORTPATCH_EVENTS_DIR": str(events)})
+    status = lab.ok(["-m", "importpatch", "status", "--events-dir", str(events)],
+                    enable="ai").stdout
+    ran = [line.strip() for line in status.splitlines() if "applied ai -> apkg.reg" in line]
+    assert len(ran) == 2, status  # the parent and its spawned child, each its own
+    said = ("applied ai -> apkg.reg (after-import): after_import: ran add_mine (ai.py:13) on "
+            "apkg.reg after its body ran")
+    assert all(line.startswith(said) for line in ran), ran
+    assert re.search(r"^ai: applied in 2 of \d+ process\(es\); 2 applied, 0 skipped, 0 failed",
+                     status, re.M), status

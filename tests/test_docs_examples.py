@@ -46,7 +46,8 @@ OWN_LLM = ["my-model"]
 # tests/test_vllm_compile_cache.py::test_a_samplingparams_field_reaches_the_workers_sampler_...
 ELSEWHERE = ["per-request-banned-tokens"]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-PATCH_CODE = re.compile(r"\bPatch\(|@patch\.|\bpatch\.(?:field|replace|wrap|add|subclass|after_import)\(")
+PATCH_CODE = re.compile(
+    r"\bPatch\(|@patch\.|\bpatch\.(?:field|replace|wrap|add|subclass|after_import)\(")
 KVCACHE_SPACE_GIB = 1
 
 
