@@ -14,6 +14,8 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
 - patches/fields.py + mypkg/ (writing-patches): python -c (a child)
 - patches/my_model.py + mymodels/ (writing-patches, after_import): LLM().generate of a model of
   that architecture (main process, EngineCore, Worker), and the same without the patch
+- patches/my_reasoner.py + myparsers/ + reason.py (writing-patches, after_import): its script,
+  LLM(reasoning_parser=...).generate of a structured output, and the same without the patch
 - test_my_priority.py (patch-files, the pytest plugin): pytest (a child), and its own child
 - patches/per_request_banned_tokens.py + per_request.py (triton.md, a SamplingParams field): its
   script under a multiprocess LLM(), in tests/test_vllm_compile_cache.py
@@ -41,7 +43,7 @@ GENERATE = ROOT / "demo" / "generate.py"
 IN_LLM = ["hello-sampler", "my-priority", "my-engine-start", "my-kv-specs", "my-page-size"]
 IN_CHILD = ["my-fields"]
 # Run by a LLM().generate of their own (a model whose architecture they register).
-OWN_LLM = ["my-model"]
+OWN_LLM = ["my-model", "my-reasoner"]
 # Run by a test of its own, through the script its page shows (docs/triton.md):
 # tests/test_vllm_compile_cache.py::test_a_samplingparams_field_reaches_the_workers_sampler_...
 ELSEWHERE = ["per-request-banned-tokens"]
@@ -268,6 +270,38 @@ def test_after_import_example_registers_a_model_architecture_in_every_process(
     )
     assert off.returncode != 0
     assert "Model architectures ['MyLlamaForCausalLM'] are not supported" in off.stdout + off.stderr
+
+
+@pytest.mark.vllm
+def test_after_import_example_registers_a_reasoning_parser_in_every_process(
+    tmp_path: Path, model_dir: str,
+) -> None:
+    # writing-patches: python docs/examples/reason.py MODEL_DIR, with my-reasoner on
+    script = [sys.executable, str(EXAMPLES / "reason.py"), model_dir]
+    proc = subprocess.run(
+        script, env=env_for(tmp_path, IMPORTPATCH_ENABLE="my-reasoner", PYTHONPATH=str(EXAMPLES)),
+        capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    (answer,) = re.findall(r"^answer: (.*)$", proc.stdout, re.M)
+    assert answer.strip() in ("paris", "france")  # the structured output, through the parser
+    events = read_events(tmp_path / "events")
+    (engine_core,) = pids_of(events, "EngineCore")
+    (worker,) = pids_of(events, "VllmWorker")
+    ran = {pid for _, how, pid in applied({"events": events}, "my-reasoner")
+           if how == "after-import"}
+    main = {e["pid"] for e in events if e["process"] == "MainProcess"
+            and "reason.py" in " ".join(e.get("argv") or [])}
+    assert main and main | {engine_core, worker} <= ran
+    assert f"MyReasoner made in process {engine_core}\n" in out  # the EngineCore's parser
+    # off: vLLM does not know the parser
+    (tmp_path / "off").mkdir()
+    off = subprocess.run(script, env=env_for(tmp_path / "off", PYTHONPATH=str(EXAMPLES)),
+                         capture_output=True, text=True, timeout=600)
+    assert off.returncode != 0
+    assert "my-reasoner" in off.stdout + off.stderr
+    assert "MyReasoner made" not in off.stdout + off.stderr
 
 
 @pytest.mark.vllm
