@@ -94,6 +94,14 @@ KINDS = {
             tree.body.append(ast.parse("TRANSFORMED = {n}").body[0])
             return tree
     '''),
+    "k-after-import": ("k_after_import.py", '''
+        from importpatch import Patch
+        patch = Patch("k-after-import")
+
+        @patch.after_import("tpkg.mod")
+        def hook(mod):
+            mod.HOOKED = {n}
+    '''),
     "k-diff": ("k-diff.diff", '''
         Name: k-diff
 

@@ -12,6 +12,10 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
 - patches/priority.py, engine_start.py, page_size.py, kv_specs.py (writing-patches): LLM().generate
   (EngineCore, Worker)
 - patches/fields.py + mypkg/ (writing-patches): python -c (a child)
+- patches/my_model.py + mymodels/ (writing-patches, after_import): LLM().generate of a model of
+  that architecture (main process, EngineCore, Worker), and the same without the patch
+- patches/my_reasoner.py + myparsers/ + reason.py (writing-patches, after_import): its script,
+  LLM(reasoning_parser=...).generate of a structured output, and the same without the patch
 - test_my_priority.py (patch-files, the pytest plugin): pytest (a child), and its own child
 - patches/per_request_banned_tokens.py + per_request.py (triton.md, a SamplingParams field): its
   script under a multiprocess LLM(), in tests/test_vllm_compile_cache.py
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,11 +42,14 @@ GENERATE = ROOT / "demo" / "generate.py"
 # one of the runs below (test_every_example_patch_is_run_here checks the list is complete).
 IN_LLM = ["hello-sampler", "my-priority", "my-engine-start", "my-kv-specs", "my-page-size"]
 IN_CHILD = ["my-fields"]
+# Run by a LLM().generate of their own (a model whose architecture they register).
+OWN_LLM = ["my-model", "my-reasoner"]
 # Run by a test of its own, through the script its page shows (docs/triton.md):
 # tests/test_vllm_compile_cache.py::test_a_samplingparams_field_reaches_the_workers_sampler_...
 ELSEWHERE = ["per-request-banned-tokens"]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-PATCH_CODE = re.compile(r"\bPatch\(|@patch\.|\bpatch\.(?:field|replace|wrap|add|subclass)\(")
+PATCH_CODE = re.compile(
+    r"\bPatch\(|@patch\.|\bpatch\.(?:field|replace|wrap|add|subclass|after_import)\(")
 KVCACHE_SPACE_GIB = 1
 
 
@@ -89,7 +97,7 @@ def test_migration_guide_shows_the_migration_the_blog_package_tests_apply() -> N
 def test_every_example_patch_is_run_here() -> None:
     declared = {m.group(1) for p in PATCHES.glob("*.py")
                 for m in re.finditer(r'Patch\(\s*"([^"]+)"', p.read_text())}
-    assert declared == set(IN_LLM + IN_CHILD + ELSEWHERE)
+    assert declared == set(IN_LLM + IN_CHILD + OWN_LLM + ELSEWHERE)
 
 
 # -- The examples on real vLLM ---------------------------------------------------------------------
@@ -216,6 +224,84 @@ def test_subclass_example_doubles_the_page_size_so_the_cache_holds_half_the_toke
     (tokens,) = re.findall(r"KV cache size: ([\d,]+) tokens", llm_run["out"])
     assert int(tokens.replace(",", "")) == blocks_ * block
     assert {how for _, how, _ in applied(llm_run, "my-page-size")} == {"definition-site"}
+
+
+@pytest.fixture(scope="module")
+def my_model_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> Path:
+    """The tiny model, its config.json naming the architecture of docs/examples/mymodels."""
+    model = tmp_path_factory.mktemp("my-model") / "model"
+    shutil.copytree(model_dir, model)
+    config = model / "config.json"
+    data = json.loads(config.read_text())
+    data["architectures"] = ["MyLlamaForCausalLM"]
+    config.write_text(json.dumps(data))
+    return model
+
+
+@pytest.mark.vllm
+def test_after_import_example_registers_a_model_architecture_in_every_process(
+    tmp_path: Path, my_model_dir: Path,
+) -> None:
+    # writing-patches: LLM(model=DIR) of a model whose architecture is MyLlamaForCausalLM
+    proc = subprocess.run(
+        [sys.executable, str(GENERATE), "--model", str(my_model_dir), "--max-tokens", "4"],
+        env=env_for(tmp_path, IMPORTPATCH_ENABLE="my-model", PYTHONPATH=str(EXAMPLES)),
+        capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    result = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT: "))[8:])
+    assert len(result["tokens"]) == 3
+    events = read_events(tmp_path / "events")
+    (engine_core,) = pids_of(events, "EngineCore")
+    (worker,) = pids_of(events, "VllmWorker")
+    run = {"events": events}
+    registry = "vllm.model_executor.models.registry"
+    # applied where the module ran, before anything read the registry, in each of the three
+    assert {(registry, "after-import", pid) for pid in (result["pid"], engine_core, worker)} \
+        <= applied(run, "my-model")
+    assert f"MyLlamaForCausalLM built in process {worker}\n" in out  # the Worker built it
+    # off: vLLM does not know the architecture
+    (tmp_path / "off").mkdir()
+    off = subprocess.run(
+        [sys.executable, str(GENERATE), "--model", str(my_model_dir), "--max-tokens", "4"],
+        env=env_for(tmp_path / "off", PYTHONPATH=str(EXAMPLES)), capture_output=True, text=True,
+        timeout=600,
+    )
+    assert off.returncode != 0
+    assert "Model architectures ['MyLlamaForCausalLM'] are not supported" in off.stdout + off.stderr
+
+
+@pytest.mark.vllm
+def test_after_import_example_registers_a_reasoning_parser_in_every_process(
+    tmp_path: Path, model_dir: str,
+) -> None:
+    # writing-patches: python docs/examples/reason.py MODEL_DIR, with my-reasoner on
+    script = [sys.executable, str(EXAMPLES / "reason.py"), model_dir]
+    proc = subprocess.run(
+        script, env=env_for(tmp_path, IMPORTPATCH_ENABLE="my-reasoner", PYTHONPATH=str(EXAMPLES)),
+        capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    (answer,) = re.findall(r"^answer: (.*)$", proc.stdout, re.M)
+    assert answer.strip() in ("paris", "france")  # the structured output, through the parser
+    events = read_events(tmp_path / "events")
+    (engine_core,) = pids_of(events, "EngineCore")
+    (worker,) = pids_of(events, "VllmWorker")
+    ran = {pid for _, how, pid in applied({"events": events}, "my-reasoner")
+           if how == "after-import"}
+    main = {e["pid"] for e in events if e["process"] == "MainProcess"
+            and "reason.py" in " ".join(e.get("argv") or [])}
+    assert main and main | {engine_core, worker} <= ran
+    assert f"MyReasoner made in process {engine_core}\n" in out  # the EngineCore's parser
+    # off: vLLM does not know the parser
+    (tmp_path / "off").mkdir()
+    off = subprocess.run(script, env=env_for(tmp_path / "off", PYTHONPATH=str(EXAMPLES)),
+                         capture_output=True, text=True, timeout=600)
+    assert off.returncode != 0
+    assert "my-reasoner" in off.stdout + off.stderr
+    assert "MyReasoner made" not in off.stdout + off.stderr
 
 
 @pytest.mark.vllm

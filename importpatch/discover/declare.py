@@ -38,6 +38,9 @@ _MISSING: Any = object()
 REPLACE, WRAP, ADD, DIFF, TRANSFORM, FIELD = "replace", "wrap", "add", "diff", "transform", "field"
 SET = "set"
 SUBCLASS = "subclass"  # a factory makes a subclass of the class bound at the definition site
+# fn(module) runs right after the module's body executed, before its import returns: it changes
+# no code and binds no target name (so it is in neither CODE_KINDS nor OBJECT_KINDS).
+AFTER_IMPORT = "after_import"
 CODE_KINDS = (DIFF, TRANSFORM, FIELD)
 OBJECT_KINDS = (REPLACE, WRAP, ADD, SUBCLASS)  # what a patch file declares on Python objects
 CHAIN_KINDS = (REPLACE, SUBCLASS, WRAP)  # make one target's installed object, in a chain
@@ -292,6 +295,47 @@ class Patch:
         if obj is _MISSING:
             return register
         return register(obj)
+
+    def after_import(self, module: str, fn: Any = _MISSING) -> Any:
+        """Run ``fn(module_object)`` right after ``module``'s body has executed, before its import
+        returns to the importer, in every process where the patch is on: so ``from module import
+        REGISTRY`` and every other importer see what ``fn`` did (a registry entry, an attribute
+        set). ``module``: ``"pkg.mod"``, candidates ``"new.mod|old.mod"`` allowed. ``fn``: a
+        callable, or a ``"helper.module:function"`` string (wrapt's form), imported only when
+        the target is. A module imported before patching started gets it at once, at the
+        activation (its event says "late"). ``fn`` raising fails the import closed, as a failing
+        replace does (``on_error="warn"``: the patch is skipped there). Usable as a decorator.
+
+            @patch.after_import("vllm.reasoning")
+            def register(mod):
+                mod.ReasoningParserManager.register_module("mine", module_path=...)
+        """
+        modules = tuple(m.strip() for m in str(module).split("|"))
+        if not isinstance(module, str) or ":" in module or not all(
+                m and all(p.isidentifier() for p in m.split(".")) for m in modules):
+            raise DeclarationError(
+                f"patch {self.name}: after_import({module!r}): give a module name, "
+                "'package.module' (candidates 'new.mod|old.mod'), not a target with ':'")
+
+        def register(func: Any) -> Any:
+            if isinstance(func, str):
+                hook_module, sep, qual = func.partition(":")
+                if not sep or not all(p.isidentifier() for p in (*hook_module.split("."),
+                                                                  *qual.split("."))):
+                    raise DeclarationError(
+                        f"patch {self.name}: after_import({module!r}, {func!r}): a string must "
+                        "be 'helper.module:function' (imported when the target is)")
+            elif not callable(func):
+                raise DeclarationError(
+                    f"patch {self.name}: after_import({module!r}) needs a function "
+                    f"fn(module) or a 'helper.module:function' string, not "
+                    f"{type(func).__name__}")
+            self.ops.append(Op(self, AFTER_IMPORT, modules, obj=func))
+            return func
+
+        if fn is _MISSING:
+            return register
+        return register(fn)
 
     # -- Code changes applied before the module is compiled ------------------------------------
 

@@ -22,8 +22,9 @@ from importpatch import safefiles
 HEAD_BYTES = 1 << 20
 
 # Methods of a Patch whose first argument is a target string ("pkg.mod:Qual" or, for
-# ``transform``, "pkg.mod"; candidates "a.b|c.d").
-_OP_METHODS = ("replace", "wrap", "add", "subclass", "field", "transform")
+# ``transform`` and ``after_import``, "pkg.mod"; candidates "a.b|c.d").
+_OP_METHODS = ("replace", "wrap", "add", "subclass", "field", "transform", "after_import")
+_MODULE_ONLY = ("transform", "after_import")
 _NAME = re.compile(r"""\bPatch\(\s*(?:name\s*=\s*)?(['"])([A-Za-z0-9_.-]+)\1""")
 _DIFF_FILE = re.compile(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)\.py\s*$", re.M)
 _TARGET = re.compile(r"""["']([A-Za-z_][\w.|]*):[A-Za-z_][\w.]*["']""")
@@ -214,12 +215,16 @@ def _of_python(text: str) -> Stated:
         if not (isinstance(func, ast.Attribute) and func.attr in (*_OP_METHODS, "diff")):
             continue
         first = literal(call.args[0]) if call.args else None
+        if func.attr == "after_import" and len(call.args) > 1:
+            helper = literal(call.args[1])  # "helper.module:function": no target of the patch
+            if helper and ":" in helper:
+                attributed.add(tuple(helper.partition(":")[0].split("|")))
         if first is None:
             continue
         if func.attr == "diff":
             groups = _diff_modules(first)
         else:
-            one = _groups(first, module_only=func.attr == "transform")
+            one = _groups(first, module_only=func.attr in _MODULE_ONLY)
             groups = [one] if one else []
         owner = owner_of(func.value)
         for group in groups:

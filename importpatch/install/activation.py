@@ -22,7 +22,15 @@ import os
 import sys
 
 from importpatch import events
-from importpatch.discover.declare import ADD, CHAIN_KINDS, REPLACE, SET, SUBCLASS, WRAP
+from importpatch.discover.declare import (
+    ADD,
+    AFTER_IMPORT,
+    CHAIN_KINDS,
+    REPLACE,
+    SET,
+    SUBCLASS,
+    WRAP,
+)
 from importpatch.errors import PatchError
 from importpatch.rewrite.facts import Fact
 
@@ -78,7 +86,9 @@ class ModulePlan:
     def __init__(self, module: str, ops: list[Op], file: str | None) -> None:
         self.module = module
         self.file = file
-        self.ops = list(ops)
+        # after_import ops bind no name: they run once the module's body ran (``run_hooks``)
+        self.hooks = [op for op in ops if op.kind == AFTER_IMPORT]
+        self.ops = [op for op in ops if op.kind != AFTER_IMPORT]
         self.sites: dict[str, dict[str, list[Op]]] = {}
         for op in self.ops:
             qual, stage = site_of(op)
@@ -221,6 +231,7 @@ class ModulePlan:
         """Leave a warn patch out of this module entirely (nothing of it has landed)."""
         record_skip(patch.name, self.module, why)
         self.ops = [op for op in self.ops if op.patch is not patch]
+        self.hooks = [op for op in self.hooks if op.patch is not patch]
         for stages in self.sites.values():
             for stage, stage_ops in stages.items():
                 stages[stage] = [op for op in stage_ops if op.patch is not patch]
@@ -437,6 +448,46 @@ class ModulePlan:
         _landed[self.module] = (namespace, list(self.ops))  # a reload starts the record afresh
         self.finished = True
 
+    def run_hooks(self, module: Any, how: str = "after-import") -> set[str]:
+        """Call each after_import ``fn(module)``, by patch name (a patch's own in the order it
+        declared them); returns the names of the patches whose hooks failed. At import a failure
+        of an on_error="fail" patch raises PatchError (the loader's import then fails: importlib
+        removes the half-run module from sys.modules, as for any failing op); "warn" skips the
+        patch's remaining hooks with the event. Late (``how`` not "after-import"): every failure
+        is the event only, as late activation's other refusals are."""
+        failed: set[str] = set()
+        for op in sorted(self.hooks, key=lambda o: o.patch.name):
+            if op.patch.name in failed:
+                continue
+            name = hook_name(op)
+            loading = True
+            try:
+                fn = hook_function(op)
+                loading = False
+                fn(module)
+            except BaseException as exc:
+                err = PatchError(op.patch.name, self.module,
+                                 hook_failure(op, self.module, exc, loading), file=self.file)
+                failed.add(op.patch.name)
+                if isinstance(exc, KeyboardInterrupt):
+                    # (the import fails all the same; a Ctrl-C is not made an ImportError that an
+                    # `except ImportError` around the import would swallow)
+                    self.fail(err)
+                    raise
+                if how != "after-import":
+                    events.record("failed", op.patch.name, self.module, how, err.what)
+                elif op.patch.on_error == "warn":
+                    record_skip(op.patch.name, self.module, err.what)
+                else:
+                    raise self.fail(err) from exc
+                continue
+            when = {"after-import": "after its body ran, before its import returned",
+                    "late": "at once: the module was imported before patching started"}.get(
+                        how, "after it ran, in place")
+            events.record("applied", op.patch.name, self.module, how,
+                          f"after_import: ran {name} on {self.module} {when}")
+        return failed
+
     def _after_exec_how(self, patch: str, qual: str) -> str:
         why = self.staged[patch]
         return f"after-exec (on_error=warn, applied whole after the module ran: {why})"
@@ -632,6 +683,57 @@ def done(module: str) -> None:
     plan.finish(namespace)
     if plan.after_exec is not None:
         plan.after_exec(namespace)
+    if plan.hooks:  # last: fn(module) sees every other patch of the module landed
+        plan.run_hooks(_module_for(namespace, module))
+
+
+def _module_for(namespace: dict[str, Any], name: str) -> Any:
+    """The module whose namespace this is (importlib put it in sys.modules before running it;
+    ``__main__`` under python -m)."""
+    found = sys.modules.get(namespace.get("__name__", name))
+    if found is not None and vars(found) is namespace:
+        return found
+    import types
+
+    view = types.ModuleType(name)  # (code run outside an import: its namespace, as a module)
+    vars(view).update(namespace)
+    return view
+
+
+def hook_function(op: Op) -> Callable[[Any], Any]:
+    """The function of an after_import op: a ``"helper.module:function"`` string is imported
+    now, when its target is (wrapt's ``register_post_import_hook`` form)."""
+    fn = op.obj
+    if not isinstance(fn, str):
+        return fn  # type: ignore[no-any-return]
+    import importlib
+
+    name, _, qual = fn.partition(":")
+    obj: Any = importlib.import_module(name)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{fn} is a {type(obj).__name__}, not a function")
+    return obj  # type: ignore[no-any-return]
+
+
+def hook_name(op: Op) -> str:
+    """``helper.module:function`` of an after_import op, for messages, ``list`` and events."""
+    fn = op.obj
+    if isinstance(fn, str):
+        return fn
+    code = getattr(fn, "__code__", None)
+    if code is not None:  # a patch file's module name says nothing: its file and line do
+        return f"{_name_of(fn)} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    mod = getattr(fn, "__module__", None)
+    return f"{mod}:{_name_of(fn)}" if mod else _name_of(fn)
+
+
+def hook_failure(op: Op, module: str, exc: BaseException, loading: bool) -> str:
+    """What a failing after_import hook says (the import's PatchError, the event)."""
+    what = "could not be loaded:" if loading else "raised"
+    return (f"after_import {hook_name(op)} on {module} {what} {type(exc).__name__}: {exc}; "
+            f"fix the function, or disable the patch (IMPORTPATCH_DISABLE={op.patch.name})")
 
 
 def record_skip(patch: str, module: str, why: str) -> None:

@@ -26,6 +26,8 @@ What is done, exactly:
 - What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
   the chain ends up as one activation would have made it, else it is refused whole
   (``activation.landed_on``).
+- ``after_import`` hooks run at once, ``fn(module)`` on the module as patched, once per process
+  (event ``how``: "late"); a patch refused in place runs none of them.
 - Source diffs and AST transforms cannot change code that already ran: they are refused with a
   clear message.
 - A patch whose declaration fails to load is reported and not marked handled, so the next
@@ -99,10 +101,11 @@ def apply_to_imported(by_module: Mapping[str, list[Entry]]) -> int:
     return done
 
 
-def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op]) -> bool:
+def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op], hook_how: str = "late"
+                       ) -> bool:
     """Apply ``ops`` (on module ``name``, already executed) in place, all of a patch or none,
-    re-binding copies; code ops are refused. Whether anything was applied (failures are events).
-    """
+    re-binding copies; code ops are refused; after_import hooks run at once (their events'
+    ``how``: ``hook_how``). Whether anything was applied (failures are events)."""
     from importpatch.errors import PatchError
     from importpatch.install.activation import ModulePlan, register
 
@@ -123,8 +126,17 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op]) -> bool:
         events.record("failed", exc.patch, name, "in-place", exc.what)
         return False
     before = {q: _raw(namespace, q) for q in plan.sites}
-    apply_in_place(plan, namespace, source_tree(module))
+    seen = len(events.events())
+    if plan.ops:
+        apply_in_place(plan, namespace, source_tree(module))
     register(plan)
+    if plan.hooks:
+        # after_import hooks run at once, on the module as patched (a patch refused in place
+        # runs none: all of a patch or none of it). At an import's own end (apply_own_import)
+        # that is still before the import returns.
+        refused = {e["patch"] for e in events.events()[seen:] if e["outcome"] == "failed"}
+        plan.hooks = [o for o in plan.hooks if o.patch.name not in refused]
+        plan.run_hooks(module, hook_how)
     for qual, original in before.items():
         new = plan.final.get(qual)
         if original is None or new is None or new is original:
@@ -397,7 +409,7 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
     mark_handled(module, (e.name for e in entries))
     warn_own_import(entries, name)
     seen = len(events.events())
-    apply_ops_in_place(name, module, applicable_ops(patches, name))
+    apply_ops_in_place(name, module, applicable_ops(patches, name), hook_how="in-place")
     failing = {p.name: p for p in patches if p.on_error != "warn"}
     for event in events.events()[seen:]:
         if event["outcome"] == "failed" and event["patch"] in failing:

@@ -24,7 +24,8 @@ What a patch's digest covers (invariant: equal digests mean equal code, in every
 - a patch file (``.py``, ``.diff``, ``.patch``): its bytes, and for a ``.py`` its folder's helper
   files (``_name``), which it may import;
 - a patch package's patch (entry point): every ``.py`` file of the package that defines it;
-- a ``Patch(...)`` made in the process: the source file of each operation's function;
+- a ``Patch(...)`` made in the process: the source file of each operation's function (an
+  ``after_import`` hook given as ``"helper.module:function"``: the helper's file);
 - a patch that failed or was skipped in this process so far counts as such (``!failed``), not as
   the code it would have added: the artifact then records the model as it ran; one whose version
   requirement does not hold here is not counted (it changes nothing).
@@ -104,8 +105,17 @@ def _code_files(entry: Entry) -> list[str]:
         module = entry.source.partition("=")[2].strip().partition(":")[0]
         return _package_files(module.partition(".")[0])
     patch = getattr(entry, "_patch", None)  # made with Patch(...) in this process
-    codes = (getattr(op.obj, "__code__", None) for op in getattr(patch, "ops", ()))
-    return sorted({code.co_filename for code in codes if code is not None})
+    ops = getattr(patch, "ops", ())
+    codes = (getattr(op.obj, "__code__", None) for op in ops)
+    found = {code.co_filename for code in codes if code is not None}
+    # an after_import "helper.module:function": the helper's file, found without importing it
+    helpers = {op.obj.partition(":")[0] for op in ops
+               if op.kind == "after_import" and isinstance(op.obj, str)}
+    if helpers:
+        from importpatch.load.finder import source_file
+
+        found |= {f for f in map(source_file, helpers) if f}
+    return sorted(found)
 
 
 def _package_files(top: str) -> list[str]:

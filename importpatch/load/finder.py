@@ -382,7 +382,7 @@ class PatchLoader:
 
     def _build_with(self, origin: str, ops: list[Op]) -> Build:
         from importpatch import safefiles
-        from importpatch.discover.declare import CODE_KINDS, FIELD
+        from importpatch.discover.declare import AFTER_IMPORT, CODE_KINDS, FIELD
         from importpatch.errors import PatchError
         from importpatch.install import activation
         from importpatch.load import bytecache, publish
@@ -391,10 +391,12 @@ class PatchLoader:
         raw = self.loader.get_data(origin)
         text = safefiles.decode_source(raw)
         code_ops = [op for op in ops if op.kind in CODE_KINDS]
-        object_ops = [op for op in ops if op.kind not in CODE_KINDS]
+        # after_import ops land nowhere in the code: the plan runs them at done() (activation)
+        object_ops = [op for op in ops if op.kind not in (*CODE_KINDS, AFTER_IMPORT)]
         qualnames = sorted({activation.site_of(op)[0] for op in object_ops} - {""})
         fact_quals = activation.fact_quals(object_ops)
-        plan = activation.ModulePlan(self.fullname, object_ops, origin)
+        plan = activation.ModulePlan(self.fullname, [op for op in ops if op.kind not in CODE_KINDS],
+                                     origin)
         plan.values = {op.qualname or "": op.obj for op in code_ops if op.kind == FIELD}
         kind = self.kind
         if kind == "opaque":  # before anything runs: strict mode fails the import here

@@ -36,6 +36,7 @@ from importpatch import config
 from importpatch.discover import catalog, declare
 from importpatch.discover.declare import (
     ADD,
+    AFTER_IMPORT,
     CHAIN_KINDS,
     CODE_KINDS,
     DIFF,
@@ -251,6 +252,8 @@ class _Checker:
             self.diff(op, result)
         elif op.kind in (TRANSFORM, FIELD):
             self.transform(op, result)
+        elif op.kind == AFTER_IMPORT:
+            self.after_import(op, result)
         else:
             self.symbol(op, result)
         return result
@@ -338,6 +341,27 @@ class _Checker:
             result.detail = describe(op, result.module)
         else:
             result.detail = "the transform runs and its result compiles"
+
+    def after_import(self, op: declare.Op, result: OpResult) -> None:
+        """Its module is there (``resolve``); its function, when given as a string, is found
+        where the import would import it (nothing is imported here)."""
+        from importpatch.install.activation import hook_name
+
+        name = hook_name(op)
+        result.detail = (f"runs {name} on {result.module} right after its body, before its "
+                         "import returns")
+        if isinstance(op.obj, str):
+            from importpatch.load.finder import source_file
+
+            helper = op.obj.partition(":")[0]
+            try:
+                found = source_file(helper) is not None or _findable(helper)
+            except (ImportError, ValueError):
+                found = False
+            if not found:  # (not proven absent: a module another finder makes, say)
+                result.status = WARN
+                result.detail = (f"{name}: module {helper} is not found on sys.path here; the "
+                                 f"import of {result.module} imports it, and fails if it cannot")
 
     def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None) -> None:
         """``tree``: the module as the import analyses it, after code changes (default: the
@@ -623,6 +647,15 @@ def chains_of(ops: Iterable[tuple[declare.Op, str]],
         out.append({"target": f"{module}:{qual}", "module": module, "qualname": qual,
                     "links": links})
     return out
+
+
+def _findable(name: str) -> bool:
+    """Whether a module that is not a ``.py`` file (a C extension, a namespace package) can be
+    found on sys.path without importing it (its top-level package only: a submodule's search
+    would import its parents)."""
+    from importlib.machinery import PathFinder
+
+    return "." not in name and PathFinder.find_spec(name) is not None
 
 
 def _module_file(entry: Any) -> str | None:

@@ -136,6 +136,7 @@ from importpatch.tools.packages import UsageError
 
 WIDTH = 100
 ORDERED = ("wrap", "subclass")  # kinds that stack by (order, patch name): declare.ORDERED_KINDS
+AFTER_IMPORT = "after_import"  # declare.AFTER_IMPORT (not imported here: a fast --help)
 
 
 # -- Output --------------------------------------------------------------------------------------
@@ -226,7 +227,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             "declared_in": declared_in[e.name], "verdict": verdict,
             "warnings": [said] if verdict == verdicts.OK else [],
             "ops": [{"kind": op.kind, "target": op.target, "order": op.order,
-                     "decorated": op.decorated, "original": op.original} for op in ops],
+                     "decorated": op.decorated, "original": op.original,
+                     **({"runs": _hook_name(op)} if op.kind == AFTER_IMPORT else {})}
+                    for op in ops],
         })
         if on and req_ok:
             # The module the finder would patch: the first candidate that exists here.
@@ -252,8 +255,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         lines.append(f"    kinds     {', '.join(r['kinds']) or '-'}")
         orders = {o["target"]: (o["kind"], o["order"]) for o in r["ops"]
                   if o["kind"] in ORDERED and o["order"]}
+        runs: dict[str, list[str]] = {}
+        for o in r["ops"]:
+            if o["kind"] == AFTER_IMPORT:
+                runs.setdefault(o["target"], []).append(o["runs"])
         lines += [f"    target    {t}" + (f" ({orders[t][0]} order {orders[t][1]})"
-                                          if t in orders else "") for t in r["targets"]]
+                                          if t in orders else "")
+                  + (f" (after_import: runs {', '.join(runs[t])} right after its body)"
+                     if t in runs else "")
+                  for t in dict.fromkeys(r["targets"])]
         lines.append(f"    source    {ORIGINS.get(r['origin'], r['origin'])}: {r['source']}")
         if r["requires"]:
             req = "; ".join(r["requires"])
@@ -271,18 +281,25 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _object_ops(entry: Any) -> list[Any]:
-    """The replace / wrap / add / subclass operations of a patch (its declaration runs, once per
-    process); none when it does not load (the row's error says why)."""
+    """The replace / wrap / add / subclass / after_import operations of a patch (its declaration
+    runs, once per process); none when it does not load (the row's error says why)."""
     from importpatch.discover import catalog
     from importpatch.discover.declare import OBJECT_KINDS
 
-    if entry.error or not set(OBJECT_KINDS) & set(entry.kinds or ()):
+    kinds = (*OBJECT_KINDS, AFTER_IMPORT)
+    if entry.error or not set(kinds) & set(entry.kinds or ()):
         return []
     try:
         patch = catalog.load_patch(entry)
     except Exception:
         return []
-    return [op for op in patch.ops if op.kind in OBJECT_KINDS]
+    return [op for op in patch.ops if op.kind in kinds]
+
+
+def _hook_name(op: Any) -> str:
+    from importpatch.install.activation import hook_name
+
+    return hook_name(op)
 
 
 def _reason(text: str, requires: str) -> str:
@@ -378,7 +395,8 @@ def check_lines(p: Any, style: Style) -> list[str]:
                 else "fails the import of its target")
         lines.append(f"    {'upstream':16}the change is in this version; the import hook {then}")
     for op in p.ops:
-        lines.append(f"    {op.kind:10}{style.status(op.status):5} {op.target}")
+        kind = op.kind if len(op.kind) < 10 else f"{op.kind} "  # (after_import: 12 letters)
+        lines.append(f"    {kind:10}{style.status(op.status):5} {op.target}")
         pad = " " * 20
         if op.module and len(op.candidates) > 1:
             i = next(n for n, c in enumerate(op.candidates, 1) if c["module"] == op.module)
