@@ -391,6 +391,10 @@ def activate(
         finder.uninstall()
         if start and not toggles.anything_requested:
             _write_stamp(index, entries)
+        elif start and not (problems or unknown or toggles.problems):
+            # A patch folder set and nothing on in it: the next process with exactly these
+            # variables stats what the index watched and stops at the line (issue 35).
+            _write_enabled_stamp(index, entries, [])
         return None
     if start and not toggles.anything_requested:  # on by default only: the stamp lists targets
         _write_stamp(index, entries, chosen)
@@ -734,14 +738,16 @@ def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) 
     from importpatch.discover import catalog
 
     text = enabled_key(os.environ)
-    if _pth is None or text is None or "\0" in text or not chosen:
+    if _pth is None or text is None or "\0" in text:
         return  # (no _pth: a process that waited, or started without the .pth line)
     if index.timeouts or index.entry_points or index.path is None:
         return
     if any(e.error or not e.modules for e in chosen) or any(e.unsure for e in entries):
         return
+    if not chosen and any(e.error for e in entries):
+        return  # (nothing on: every broken file must be said again, by the hook)
     tops = sorted({m.partition(".")[0] for e in chosen for group in e.modules for m in group})
-    if not tops or any(t in sys.modules for t in tops):
+    if (chosen and not tops) or any(t in sys.modules for t in tops):
         return
     # The root the .pth line looks in, spelled as it spells it (it puts a "/" in front).
     raw = config.get(os.environ, config.CACHE_DIR) or (

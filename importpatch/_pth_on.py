@@ -64,6 +64,12 @@ def on(sitedir: str, stamp: bytes | None, size: int, fails_closed_text: str,
             # for exactly these variables (its WAIT_VARS, enabled_key, enabled_stamp_name) and
             # every path its index watched still has the signature written there.
             site_path_text, tops = _enabled_tops(sitedir, environ)
+            if not tops and site_path_text is not None and (
+                    site_path_text == "\n".join(sys.path)):
+                # That stamp says nothing is on for these variables (a patch folder whose
+                # patches are all off), for this very sys.path (the line sees all of it: the
+                # stamp is written only where nothing came after it): nothing to start.
+                return
     except Exception:  # any doubt, any error: never the caller's silence, the hook starts
         tops = frozenset()
     if tops:

@@ -37,8 +37,8 @@ def stamp_fields(data: bytes) -> "tuple[str, str, str, frozenset[str]] | None":
     fields = body.decode("utf-8", "surrogateescape").split("\0")
     if len(fields) != 4:
         return None
-    tops = frozenset(fields[3].split())
-    if not tops or not all(top.isidentifier() for top in tops):
+    tops = frozenset(fields[3].split())  # (none: nothing is on, in an enabled stamp)
+    if not all(top.isidentifier() for top in tops):
         return None
     return fields[0], fields[1], fields[2], tops
 

@@ -131,3 +131,34 @@ def test_only_a_cache_folder_set_keeps_the_floor_and_its_stamp_lives_there(
     rel = {"IMPORTPATCH_CACHE_DIR": "rel-cache"}
     _loaded(watch_venv, rel, cwd=tmp_path)
     assert "importpatch._boot" in _loaded(watch_venv, rel, cwd=tmp_path)
+
+
+def test_a_patch_folder_with_nothing_on_stops_at_the_line_and_sees_a_change(
+    watch_venv: Venv, tmp_path: Path
+) -> None:
+    # Before: IMPORTPATCH_PATH set and nothing enabled (a team's folder, patches off) started
+    # the whole hook and read the index in every process (2.96x with 1,000 files). Now the
+    # enabled stamp says "nothing on" for exactly these variables, with the signature of every
+    # path the index watched: one stat a file, and any edit starts the hook again.
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    for i in range(3):
+        (patches / f"p{i}.py").write_text(
+            "from importpatch import Patch\n\n"
+            f"Patch('p{i}').replace('tpkg.mod:f', lambda: 'p{i}')\n")
+    time.sleep(0.1)
+    env = {"IMPORTPATCH_PATH": str(patches)}
+    assert "importpatch._boot" in _loaded(watch_venv, env)
+    assert _loaded(watch_venv, env) == ["importpatch._pth_on", "importpatch._slot"]
+    assert watch_venv.run(READ, env=env).stdout.split() == ["orig"]
+    # An edit in place (same size, the folder's mtime unchanged) turns one on by default.
+    path = patches / "p1.py"
+    path.write_text(path.read_text().replace("Patch('p1')", "Patch('p1', default=True)")
+                    .replace("lambda: 'p1'", "lambda: 'on'"))
+    time.sleep(0.1)
+    proc = watch_venv.run(READ, env=env)
+    assert (proc.returncode, proc.stdout.split()) == (0, ["on"]), proc.stderr
+    # Other variables are another stamp: enabling one starts the hook and applies it.
+    proc = watch_venv.run(READ, env={**env, "IMPORTPATCH_ENABLE": "p2",
+                                     "IMPORTPATCH_DISABLE": "p1"})
+    assert (proc.returncode, proc.stdout.split()) == (0, ["p2"]), proc.stderr
