@@ -151,7 +151,7 @@ def test_a_patch_folder_with_nothing_on_stops_at_the_line_and_sees_a_change(
     assert "importpatch._boot" in _loaded(watch_venv, env)
     assert _loaded(watch_venv, env) == ["importpatch._pth_on", "importpatch._slot"]
     assert watch_venv.run(READ, env=env).stdout.split() == ["orig"]
-    # An edit in place (same size, the folder's mtime unchanged) turns one on by default.
+    # An edit in place (the folder's mtime unchanged) turns one on by default.
     path = patches / "p1.py"
     path.write_text(path.read_text().replace("Patch('p1')", "Patch('p1', default=True)")
                     .replace("lambda: 'p1'", "lambda: 'on'"))
