@@ -532,7 +532,11 @@ def scan_bounded(
     (its result is then partial and not to be written down: the next process retries)."""
     limit = config.discovery_timeout(os.environ)
     exe = os.path.basename(sys.executable or "")
-    if (limit <= 0 or os.name != "posix" or watcher is not None
+    # Every declaration runs in the child, a limit of 0 included (no limit there): a patch
+    # package whose declaration imports vLLM (the blog layout) must not import it, nor print
+    # its log lines, in a process that never uses it (`python -c pass`, pip). Here only where
+    # no child can start, and for `importpatch check`, which runs them on purpose.
+    if (os.name != "posix" or watcher is not None
             or not exe.startswith(("python", "pypy"))):  # an embedded interpreter: here
         return (*scan(folders, dirs, user_site), True)
     skipped: dict[str, str] = {}

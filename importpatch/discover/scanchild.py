@@ -70,13 +70,26 @@ def scan_in_child(
     code = f"import {__package__}.catalog as c; c.scan_for_parent({from_parent}, {to_parent})"
     flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
                              ("-s", sys.flags.no_user_site)) if on]
+    # What declarations print (vLLM's log lines while a patch package imports it, a patch's own
+    # print) is not this process's output: a user who ran `python -c pass` or pip sees none of
+    # it. The child's stdout goes nowhere, its stderr to a file of which only importpatch's own
+    # lines are passed on (``_forward``); a pipe could fill and stall the child.
+    try:
+        import tempfile
+
+        errors: Any = tempfile.TemporaryFile()
+    except OSError:
+        errors = subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             [sys.executable, *flags, "-c", code], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=errors,
             pass_fds=(from_parent, to_parent), close_fds=True)
     except (OSError, ValueError, subprocess.SubprocessError):
         for fd in (from_parent, to_child, from_child, to_parent):
             os.close(fd)
+        if errors is not subprocess.DEVNULL:
+            errors.close()
         return None
     os.close(from_parent)
     os.close(to_parent)
@@ -87,7 +100,9 @@ def scan_in_child(
     try:
         with watch:  # a real Ctrl-C while we wait stops this process (see _boot)
             _write_all(to_child, request)
-            deadline = time.monotonic() + limit
+            # A limit of 0 is none: the declarations still run in the child (the process that
+            # builds the index never imports what they import), for as long as they take.
+            deadline = time.monotonic() + limit if limit > 0 else float("inf")
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -99,7 +114,7 @@ def scan_in_child(
                         "" if stack else " outside any declaration")
                     ended.timed_out = True
                     return ended
-                if not select.select([from_child], [], [], left)[0]:
+                if not select.select([from_child], [], [], min(left, 3600.0))[0]:
                     continue
                 chunk = os.read(from_child, 1 << 16)
                 if not chunk:
@@ -136,13 +151,37 @@ def scan_in_child(
                     else:
                         rows, watched, entry_points, imported_by = msg[1:]
                         return (list(rows), list(watched), entry_points, dict(imported_by))
-                    deadline = time.monotonic() + limit
+                    if limit > 0:
+                        deadline = time.monotonic() + limit
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
         os.close(to_child)
         os.close(from_child)
+        if errors is not subprocess.DEVNULL:
+            _forward(errors)
+
+
+# How importpatch's own lines begin (events.warn_once, _boot._fail): the only child output the
+# user is shown. Patch code's output (and that of what it imports) is dropped.
+OWN_LINE = b"importpatch: "
+FORWARD_MAX_BYTES = 1 << 20  # a declaration that floods stderr does not flood this process
+
+
+def _forward(errors: Any) -> None:
+    """Pass importpatch's own lines of the child's stderr on to this process's stderr."""
+    try:
+        errors.seek(0)
+        data = errors.read(FORWARD_MAX_BYTES)
+        errors.close()
+        own = b"".join(line for line in data.splitlines(keepends=True)
+                       if line.startswith(OWN_LINE))
+        if own:
+            sys.stderr.write(own.decode("utf-8", "replace"))
+            sys.stderr.flush()
+    except Exception:  # noqa: S110 (stderr closed or replaced: nothing to say it on)
+        pass
 
 
 class Ended:
