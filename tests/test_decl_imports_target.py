@@ -14,6 +14,7 @@ of the session's wheel venv; every test here failed on the code before this chan
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -151,3 +152,75 @@ def test_only_importpatch_lines_of_the_discovery_child_reach_the_user(lab: Lab) 
     assert "NOISY-OUT" not in proc.stdout + proc.stderr, proc
     assert "NOISY-ERR" not in proc.stdout + proc.stderr, proc
     assert "importpatch: warning: noisy.py says so while it is declared" in proc.stderr, proc
+
+
+# -- after any other install the declaration is not run again (the index is rebuilt) ------------
+
+OTHER = {"otherpkg/__init__.py": "", "otherpkg/patches.py": """\
+    from importpatch import Patch
+    Patch("other-one").replace("fakevllm.sched:Scheduler.schedule", lambda self: "other")
+    """}
+
+
+def listed(lab: Lab) -> list[str]:
+    proc = lab.ok(["-m", "importpatch", "list", "--json"], enable=None, env=env(lab, "20"))
+    assert_silent(proc)
+    return [r["name"] for r in json.loads(proc.stdout)["patches"]]
+
+
+def test_after_another_install_the_declaration_is_not_run_again(lab: Lab) -> None:
+    blog_lab(lab)
+    assert NAME in listed(lab) and len(marks(lab)) == 1  # cold: its child imported fakevllm
+    install_dist(lab.venv, lab.targets, "otherpkg", "0.1.0", OTHER, top_level=["otherpkg"],
+                 entry_points="[importpatch.patches]\nother = otherpkg.patches\n")
+    time.sleep(0.1)
+    # The index was rebuilt (the new package's patch is known), the blog package's declaration
+    # was not run again: nothing it read changed.
+    names = listed(lab)
+    assert "other-one" in names and NAME in names, names
+    assert len(marks(lab)) == 1, marks(lab)
+    proc = lab.ok(USE, enable=NAME, env=env(lab, "20"))
+    assert proc.stdout.split()[-2:] == ["PRIORITY-PATCHED", "scheduled"], proc
+    assert "in place" in proc.stderr, proc.stderr
+
+
+VERPKG = {"verpkg/__init__.py": "", "verpkg/patches.py": """\
+    from importlib.metadata import version
+    from importpatch import Patch
+
+    # What it declares depends on a version it reads and on a module it fails to import.
+    Patch("ver-" + version("vllm").replace(".", "-")).replace(
+        "fakevllm.sched:Scheduler.schedule", lambda self: "v")
+    try:
+        import optmod  # not installed yet
+    except ImportError:
+        pass
+    else:
+        Patch("probe-opt").replace("fakevllm.sched:Scheduler.schedule", lambda self: "o")
+    """}
+
+
+def test_a_change_to_what_a_declaration_read_runs_it_again(lab: Lab) -> None:
+    # A module it imported changed (fakevllm.sched edited), a version it read changed (vllm
+    # upgraded), a module it failed to import appeared: each runs that declaration again.
+    blog_lab(lab)
+    install_dist(lab.venv, lab.targets, "verpkg", "0.1.0", VERPKG, top_level=["verpkg"],
+                 entry_points="[importpatch.patches]\nver = verpkg.patches\n")
+    time.sleep(0.1)
+    names = listed(lab)
+    assert "ver-0-32-0" in names and "probe-opt" not in names and len(marks(lab)) == 1, names
+    sched = lab.targets / "fakevllm" / "sched.py"
+    sched.write_text(sched.read_text() + "\nEDITED = True\n")
+    (lab.targets / "nudge").mkdir()  # the index is rebuilt (a folder of the search path changed)
+    time.sleep(0.1)
+    assert NAME in listed(lab) and len(marks(lab)) == 2, marks(lab)
+    shutil.rmtree(lab.targets / "vllm-0.32.0.dist-info")
+    install_dist(lab.venv, lab.targets, "vllm", "0.33.0",
+                 {"vllm/__init__.py": '__version__ = "0.33.0"\n'}, top_level=["vllm"])
+    time.sleep(0.1)
+    names = listed(lab)
+    assert "ver-0-33-0" in names and "ver-0-32-0" not in names, names
+    assert NAME in names and len(marks(lab)) == 2, marks(lab)  # the blog one read no version
+    lab.target({"optmod.py": ""})
+    time.sleep(0.1)
+    assert "probe-opt" in listed(lab)

@@ -46,17 +46,19 @@ def _write_all(fd: int, data: bytes) -> None:
 def scan_in_child(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None,
     skipped: dict[str, str], limit: float, watch: AbstractContextManager[Any],
+    reuse: dict[str, Any] | None = None, bases: dict[str, Any] | None = None,
 ) -> Found | Ended | None:
     """The scan's result from a child process; or, where it ended without one, what it had
     streamed and how it ended (``Ended``); or None when no child could be started. ``watch``:
-    held while waiting (the catalog's Ctrl-C watch)."""
+    held while waiting (the catalog's Ctrl-C watch). ``reuse``: the patch packages' records of
+    the last scan (``catalog._reused``), sent to the child; ``bases`` gets this scan's."""
     import select
     import subprocess
 
     env = dict(os.environ)
     env[config.SCANNER] = "1"
     env[config.DISCOVERING] = str(os.getpid())
-    request = _frame((folders, dirs, user_site, skipped, list(sys.path)))
+    request = _frame((folders, dirs, user_site, skipped, list(sys.path), reuse or {}))
     to_child, from_parent = None, None
     try:
         from_parent, to_child = os.pipe()
@@ -144,6 +146,9 @@ def scan_in_child(
                         for module, by in imported:
                             ended.imported_by.setdefault(module, by)
                         ended.watched.extend(watched)
+                    elif msg[0] == "basis":  # what a patch package's declaration read
+                        if bases is not None:
+                            bases[msg[1]] = msg[2]
                     elif msg[0] == "listed":  # the patch packages' entry points
                         ended.listed = list(msg[1])
                     elif msg[0] == "failed":  # the scan itself raised (not patch code)
@@ -263,7 +268,7 @@ def timeout_records(
 def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
     """The child's side of ``scan_in_child``, up to the scan (``catalog.scan_for_parent`` runs
     it): ignore SIGINT, read the request, take the parent's search path, say hello, and exit when
-    the parent is gone. Returns (folders, dirs, user_site, skipped)."""
+    the parent is gone. Returns (folders, dirs, user_site, skipped, reuse)."""
     import _signal  # type: ignore[import-not-found]
     import threading
 
@@ -274,7 +279,7 @@ def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
         if not chunk:
             os._exit(2)
         buf += chunk
-    folders, dirs, user_site, skipped, path = marshal.loads(buf[4:])
+    folders, dirs, user_site, skipped, path, reuse = marshal.loads(buf[4:])
     sys.path[:] = path
     _write_all(to_parent, _frame(("hello",)))
 
@@ -284,7 +289,7 @@ def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
         os._exit(3)
 
     threading.Thread(target=orphaned, daemon=True).start()
-    return folders, dirs, user_site, skipped
+    return folders, dirs, user_site, skipped, reuse
 
 
 def child_progress(to_parent: int, kind: str, source: str) -> None:
