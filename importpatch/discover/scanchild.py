@@ -79,7 +79,7 @@ def scan_in_child(
     try:
         import tempfile
 
-        errors: Any = tempfile.TemporaryFile()
+        errors: Any = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _forward, below)
     except OSError:
         errors = subprocess.DEVNULL
     try:
