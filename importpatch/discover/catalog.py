@@ -55,8 +55,14 @@ Invariants:
   child streams each source's entries as it finishes: where it dies (the OOM killer's SIGKILL, a
   failure outside any declaration) the finished ones stand and the others are broken
   (``_partial``); a kill is not written down (``Index.partial``): the next process retries.
-  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a
-  chosen patch targets, so its next import is patched or fails closed.) The cold process also
+  ``IMPORTPATCH_DISCOVERY_TIMEOUT=0`` lifts the limit and keeps the child: a patch package that
+  imports vLLM must not import it in ``python -c pass``. The child's output is not shown
+  (importpatch's own lines are). (Scanning in-process, where no child can start, drops again what
+  they imported that a chosen patch targets, so its next import is patched or fails closed.)
+- An entry point's declaration is not run again at a rebuild while nothing it read changed
+  (``_reused``: the files and package folders of every module loaded when it finished, the names
+  it failed to import, the versions it looked up): after any install the index is rebuilt, and a
+  package importing vLLM made every first process after a ``pip install`` wait 15 s. The cold process also
   forgets the Patch objects it made while scanning from patch files: like every warm process, it
   executes a patch file when a module it targets is imported.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
@@ -1050,14 +1056,12 @@ class _Reads:
             return None
         paths: list[str] = []
         for module in list(sys.modules.values()):
-            file = getattr(module, "__file__", None)
-            if isinstance(file, str):
-                paths.append(file)
             try:
-                paths.extend(p for p in getattr(module, "__path__", None) or ()
-                             if isinstance(p, str))
-            except Exception:  # noqa: S112 (a module's odd __path__: its file is enough)
-                continue
+                file = getattr(module, "__file__", None)
+                parts = getattr(module, "__path__", None) or ()
+                paths.extend(p for p in (file, *parts) if isinstance(p, str))
+            except Exception:  # an odd object in sys.modules: no record (run it every time)
+                return None
         paths = sorted(set(paths))
         missing = tuple(sorted({n for n in self.missing if "." not in n}))
         versions = tuple((n, _version(n)) for n in sorted(set(self.names)))

@@ -13,6 +13,8 @@ broken and not executed. The child also streams each source's entries as it fini
 declaration, leaves what it finished (``Ended``), and only the rest is broken; a kill is retried by
 the next process, never recorded. The child never outlives the parent (it reads a pipe the parent
 holds open, and exits at its end) and ignores SIGINT (the parent decides what a Ctrl-C does).
+Its output is not the user's: stdout goes nowhere, and of stderr only importpatch's own lines are
+passed on (vLLM's log lines, printed while a patch package imports it, are not).
 """
 
 from __future__ import annotations
