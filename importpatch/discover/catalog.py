@@ -59,12 +59,12 @@ Invariants:
   imports vLLM must not import it in ``python -c pass``. The child's output is not shown
   (importpatch's own lines are). (Scanning in-process, where no child can start, drops again what
   they imported that a chosen patch targets, so its next import is patched or fails closed.)
+  The cold process also forgets the Patch objects it made while scanning from patch files: like
+  every warm process, it executes a patch file when a module it targets is imported.
 - An entry point's declaration is not run again at a rebuild while nothing it read changed
   (``_reused``: the files and package folders of every module loaded when it finished, the names
   it failed to import, the versions it looked up): after any install the index is rebuilt, and a
-  package importing vLLM made every first process after a ``pip install`` wait 15 s. The cold process also
-  forgets the Patch objects it made while scanning from patch files: like every warm process, it
-  executes a patch file when a module it targets is imported.
+  package importing vLLM made every first process after a ``pip install`` wait 15 s.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
   different sources declaring one name are both broken, the error naming both.
 """
