@@ -55,10 +55,16 @@ Invariants:
   child streams each source's entries as it finishes: where it dies (the OOM killer's SIGKILL, a
   failure outside any declaration) the finished ones stand and the others are broken
   (``_partial``); a kill is not written down (``Index.partial``): the next process retries.
-  (Scanning in-process, ``IMPORTPATCH_DISCOVERY_TIMEOUT=0``, drops again what they imported that a
-  chosen patch targets, so its next import is patched or fails closed.) The cold process also
-  forgets the Patch objects it made while scanning from patch files: like every warm process, it
-  executes a patch file when a module it targets is imported.
+  ``IMPORTPATCH_DISCOVERY_TIMEOUT=0`` lifts the limit and keeps the child: a patch package that
+  imports vLLM must not import it in ``python -c pass``. The child's output is not shown
+  (importpatch's own lines are). (Scanning in-process, where no child can start, drops again what
+  they imported that a chosen patch targets, so its next import is patched or fails closed.)
+  The cold process also forgets the Patch objects it made while scanning from patch files: like
+  every warm process, it executes a patch file when a module it targets is imported.
+- An entry point's declaration is not run again at a rebuild while nothing it read changed
+  (``_reused``: the files and package folders of every module loaded when it finished, the names
+  it failed to import, the versions it looked up): after any install the index is rebuilt, and a
+  package importing vLLM made every first process after a ``pip install`` wait 15 s.
 - A file reached twice (a folder and a link to it, a hard-linked copy) declares once; two
   different sources declaring one name are both broken, the error naming both.
 """
@@ -285,6 +291,9 @@ def load_index(toggles: config.Toggles) -> Index:
     started = time.time_ns()
     cut_off: dict[str, float] = {}
     ended: list[str] = []
+    _reuse.clear()
+    _reuse.update(_read_reuse(index.path))
+    _bases.clear()
     entries, watched, entry_points, imported_by, here = scan_bounded(
         index.folders, index.dirs, index.user_site, cut_off, ended)
     _recall(entries, index.previous)
@@ -308,6 +317,7 @@ def load_index(toggles: config.Toggles) -> Index:
     sig = index.sig = signature(index.watched)
     if not is_racy(sig, started) and index.path is not None:
         index.write(sig)
+        _write_reuse(index.path, started)
         _unwritten.pop(index.ident, None)
     else:
         _unwritten[index.ident] = (sig, index.watched, entry_points,
@@ -532,14 +542,19 @@ def scan_bounded(
     (its result is then partial and not to be written down: the next process retries)."""
     limit = config.discovery_timeout(os.environ)
     exe = os.path.basename(sys.executable or "")
-    if (limit <= 0 or os.name != "posix" or watcher is not None
+    # Every declaration runs in the child, a limit of 0 included (no limit there): a patch
+    # package whose declaration imports vLLM (the blog layout) must not import it, nor print
+    # its log lines, in a process that never uses it (`python -c pass`, pip). Here only where
+    # no child can start, and for `importpatch check`, which runs them on purpose.
+    if (os.name != "posix" or watcher is not None
             or not exe.startswith(("python", "pypy"))):  # an embedded interpreter: here
         return (*scan(folders, dirs, user_site), True)
     skipped: dict[str, str] = {}
     while True:
         from importpatch.discover.scanchild import scan_in_child
 
-        outcome = scan_in_child(folders, dirs, user_site, skipped, limit, _SigintWatch())
+        outcome = scan_in_child(folders, dirs, user_site, skipped, limit, _SigintWatch(),
+                                dict(_reuse), _bases)
         if outcome is None:  # no child process here: scan in this one, without a limit
             return (*scan(folders, dirs, user_site), True)
         if isinstance(outcome, tuple):
@@ -619,8 +634,9 @@ def scan_for_parent(from_parent: int, to_parent: int) -> None:
     global _progress, _report
     from importpatch.discover import scanchild
 
-    folders, dirs, user_site, skipped = scanchild.child_start(from_parent, to_parent)
+    folders, dirs, user_site, skipped, reuse = scanchild.child_start(from_parent, to_parent)
     _skipped.update(skipped)
+    _reuse.update(reuse)
     _progress = lambda kind, source: scanchild.child_progress(  # noqa: E731
         to_parent, kind, source)
     _report = lambda kind, *payload: scanchild.child_report(  # noqa: E731
@@ -955,7 +971,18 @@ def _entries_of_entry_point(
     if source in _skipped:  # it did not finish in an earlier try: not imported again
         watched.extend(f for f in _module_files(ep.module, dirs) if f not in watched)
         return [_entry_point_failed(ep.name, source, _skipped[source])]
-    with _NewModules(source, imported_by) as new:
+    kept = _reused(source)
+    if kept is not None:  # nothing it read changed since the last scan: what it declared then
+        _bases[source] = kept
+        if _report is not None:
+            _report("basis", source, kept)
+        rows, imported, also = kept[4:7]
+        for module in imported:
+            imported_by.setdefault(module, source)
+        watched.extend(f for f in also if f not in watched)
+        return [Entry.from_tuple(row) for row in rows]
+    mark = len(watched)
+    with _Reads() as reads, _NewModules(source, imported_by) as new:
         found, exc = _run_entry_point(ep.value, source)
     top = ep.module.partition(".")[0]
     for name in [ep.module, *new.new]:  # its package's files: in-place and editable edits
@@ -972,7 +999,170 @@ def _entries_of_entry_point(
         entries.append(Entry.from_patch(p, "entry-point", source, None, error=error))
         if error is None:
             _ep_patches[p.name] = p
+    record = reads.record(entries, [m for m in new.new if imported_by.get(m) == source],
+                          watched[mark:]) if exc is None and watcher is None else None
+    if record is not None:
+        _bases[source] = record
+        if _report is not None:
+            _report("basis", source, record)
     return entries
+
+
+# -- a patch package's declaration is not run again while nothing it read changed (issue 35) ---
+#
+# After any install the search path's folders change and the index is rebuilt; a patch package
+# whose declaration imports its target (the blog layout: vLLM, 15 s) made the first process
+# after every `pip install` wait for that import in the discovery child. Each entry point's
+# scan leaves a record (source -> paths, their signature, the top-level names it failed to
+# import, the versions it looked up, its entries as scanned, the modules it imported, what it
+# made the index watch), kept beside the index (``<index>.reuse``, read only where the index is
+# rebuilt). The next scan takes the entries from the record, without running the declaration,
+# while every file of every module loaded then (its own, what it imported, what was loaded
+# before it: the interpreter's, other declarations'), every package folder (a new submodule), a
+# name it failed to import (still missing) and each distribution version it looked up (by
+# importlib.metadata) are as they were. A declaration that listed all distributions, or raised,
+# leaves no record: it runs at every rebuild, as before.
+
+# Source -> record: the last scan's (read from ``<index>.reuse``), and this scan's.
+_reuse: dict[str, tuple[Any, ...]] = {}
+_bases: dict[str, tuple[Any, ...]] = {}
+REUSE_FORMAT = 1
+
+
+class _Reads:
+    """While a declaration runs: the distributions it looks up (a finder's
+    ``find_distributions``, which every importlib.metadata lookup asks) and the modules it fails
+    to import (a finder after every other, asked only when none found the name)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.missing: list[str] = []
+        self.every = False  # it listed every distribution: no record
+
+    def __enter__(self) -> _Reads:
+        self.first, self.last = _ReadsFirst(self), _ReadsLast(self)
+        sys.meta_path.insert(0, self.first)
+        sys.meta_path.append(self.last)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for finder in (self.first, self.last):
+            while finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+
+    def record(self, entries: list[Entry], imported: list[str], watched: list[str]
+               ) -> tuple[Any, ...] | None:
+        if self.every:
+            return None
+        paths: list[str] = []
+        for module in list(sys.modules.values()):
+            try:
+                file = getattr(module, "__file__", None)
+                parts = getattr(module, "__path__", None) or ()
+                paths.extend(p for p in (file, *parts) if isinstance(p, str))
+            except Exception:  # an odd object in sys.modules: no record (run it every time)
+                return None
+        paths = sorted(set(paths))
+        missing = tuple(sorted({n for n in self.missing if "." not in n}))
+        versions = tuple((n, _version(n)) for n in sorted(set(self.names)))
+        return (tuple(paths), signature(tuple(paths)), missing, versions,
+                tuple(e.as_tuple() for e in entries), tuple(imported), tuple(watched))
+
+
+class _ReadsFirst:
+    def __init__(self, reads: _Reads) -> None:
+        self.reads = reads
+
+    def find_spec(self, *args: Any) -> None:
+        return None
+
+    def find_distributions(self, context: Any = None) -> Any:
+        name = getattr(context, "name", None)
+        if name is None:
+            self.reads.every = True
+        else:
+            self.reads.names.append(str(name))
+        return iter(())
+
+
+class _ReadsLast:
+    def __init__(self, reads: _Reads) -> None:
+        self.reads = reads
+
+    def find_spec(self, name: str, *args: Any) -> None:
+        self.reads.missing.append(name)
+        return None
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def _reused(source: str) -> tuple[Any, ...] | None:
+    """The last scan's record of ``source`` where nothing it read changed since, else None."""
+    record = _reuse.get(source)
+    if record is None or watcher is not None:  # (`importpatch check` runs every declaration)
+        return None
+    try:
+        paths, sig, missing, versions = record[:4]
+        if signature(tuple(paths)) != tuple(sig):
+            return None
+        from importlib.machinery import PathFinder
+
+        if any(PathFinder.find_spec(name) is not None for name in missing):
+            return None
+        if any(_version(name) != version for name, version in versions):
+            return None
+    except Exception:  # a record of another layout: run the declaration
+        return None
+    return record
+
+
+def _reuse_path(index_path: str | None) -> str | None:
+    return None if index_path is None else index_path.rpartition(".")[0] + ".reuse"
+
+
+def _read_reuse(index_path: str | None) -> dict[str, tuple[Any, ...]]:
+    path = _reuse_path(index_path)
+    data = safefiles.read_owned(path) if path is not None else None
+    if data is None:
+        return {}
+    try:
+        fmt, records = marshal.loads(data)
+        return dict(records) if fmt == REUSE_FORMAT else {}
+    except Exception:  # marshal raises EOFError, ValueError, TypeError on bad data
+        return {}
+
+
+def _write_reuse(index_path: str | None, started: int) -> None:
+    """Write this scan's records beside the index just written: those whose files did not change
+    within the clock's resolution of the scan (as the index itself)."""
+    path = _reuse_path(index_path)
+    if path is None:
+        return
+    records = {}
+    now = time.time_ns()
+    for source, record in _bases.items():
+        sig = signature(tuple(record[0]))
+        if sig != tuple(record[1]):
+            continue
+        # A file changed since the scan began may have been read before its change: no record.
+        # A folder (stat for a new submodule file) is judged by now instead: the import of its
+        # package made its __pycache__ during the scan, which changed it before it was stat.
+        files = tuple(st for st, path in zip(sig, record[0], strict=True)
+                      if not os.path.isdir(path))
+        folders = tuple(st for st, path in zip(sig, record[0], strict=True)
+                        if os.path.isdir(path))
+        if not is_racy(files, started) and not is_racy(folders, now):
+            records[source] = record
+    if not records and _read_reuse(index_path) == {}:
+        return
+    safefiles.write_atomic(path, marshal.dumps((REUSE_FORMAT, records)))
 
 
 def _entry_point_failed(name: str, source: str, error: str) -> Entry:

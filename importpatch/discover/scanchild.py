@@ -13,6 +13,8 @@ broken and not executed. The child also streams each source's entries as it fini
 declaration, leaves what it finished (``Ended``), and only the rest is broken; a kill is retried by
 the next process, never recorded. The child never outlives the parent (it reads a pipe the parent
 holds open, and exits at its end) and ignores SIGINT (the parent decides what a Ctrl-C does).
+Its output is not the user's: stdout goes nowhere, and of stderr only importpatch's own lines are
+passed on (vLLM's log lines, printed while a patch package imports it, are not).
 """
 
 from __future__ import annotations
@@ -46,17 +48,19 @@ def _write_all(fd: int, data: bytes) -> None:
 def scan_in_child(
     folders: list[tuple[str, str]], dirs: list[str], user_site: str | None,
     skipped: dict[str, str], limit: float, watch: AbstractContextManager[Any],
+    reuse: dict[str, Any] | None = None, bases: dict[str, Any] | None = None,
 ) -> Found | Ended | None:
     """The scan's result from a child process; or, where it ended without one, what it had
     streamed and how it ended (``Ended``); or None when no child could be started. ``watch``:
-    held while waiting (the catalog's Ctrl-C watch)."""
+    held while waiting (the catalog's Ctrl-C watch). ``reuse``: the patch packages' records of
+    the last scan (``catalog._reused``), sent to the child; ``bases`` gets this scan's."""
     import select
     import subprocess
 
     env = dict(os.environ)
     env[config.SCANNER] = "1"
     env[config.DISCOVERING] = str(os.getpid())
-    request = _frame((folders, dirs, user_site, skipped, list(sys.path)))
+    request = _frame((folders, dirs, user_site, skipped, list(sys.path), reuse or {}))
     to_child, from_parent = None, None
     try:
         from_parent, to_child = os.pipe()
@@ -70,13 +74,26 @@ def scan_in_child(
     code = f"import {__package__}.catalog as c; c.scan_for_parent({from_parent}, {to_parent})"
     flags = [f for f, on in (("-I", sys.flags.isolated), ("-E", sys.flags.ignore_environment),
                              ("-s", sys.flags.no_user_site)) if on]
+    # What declarations print (vLLM's log lines while a patch package imports it, a patch's own
+    # print) is not this process's output: a user who ran `python -c pass` or pip sees none of
+    # it. The child's stdout goes nowhere, its stderr to a file of which only importpatch's own
+    # lines are passed on (``_forward``); a pipe could fill and stall the child.
+    try:
+        import tempfile
+
+        errors: Any = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _forward, below)
+    except OSError:
+        errors = subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             [sys.executable, *flags, "-c", code], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=errors,
             pass_fds=(from_parent, to_parent), close_fds=True)
     except (OSError, ValueError, subprocess.SubprocessError):
         for fd in (from_parent, to_child, from_child, to_parent):
             os.close(fd)
+        if errors is not subprocess.DEVNULL:
+            errors.close()
         return None
     os.close(from_parent)
     os.close(to_parent)
@@ -87,7 +104,9 @@ def scan_in_child(
     try:
         with watch:  # a real Ctrl-C while we wait stops this process (see _boot)
             _write_all(to_child, request)
-            deadline = time.monotonic() + limit
+            # A limit of 0 is none: the declarations still run in the child (the process that
+            # builds the index never imports what they import), for as long as they take.
+            deadline = time.monotonic() + limit if limit > 0 else float("inf")
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -99,7 +118,7 @@ def scan_in_child(
                         "" if stack else " outside any declaration")
                     ended.timed_out = True
                     return ended
-                if not select.select([from_child], [], [], left)[0]:
+                if not select.select([from_child], [], [], min(left, 3600.0))[0]:
                     continue
                 chunk = os.read(from_child, 1 << 16)
                 if not chunk:
@@ -129,6 +148,9 @@ def scan_in_child(
                         for module, by in imported:
                             ended.imported_by.setdefault(module, by)
                         ended.watched.extend(watched)
+                    elif msg[0] == "basis":  # what a patch package's declaration read
+                        if bases is not None:
+                            bases[msg[1]] = msg[2]
                     elif msg[0] == "listed":  # the patch packages' entry points
                         ended.listed = list(msg[1])
                     elif msg[0] == "failed":  # the scan itself raised (not patch code)
@@ -136,13 +158,37 @@ def scan_in_child(
                     else:
                         rows, watched, entry_points, imported_by = msg[1:]
                         return (list(rows), list(watched), entry_points, dict(imported_by))
-                    deadline = time.monotonic() + limit
+                    if limit > 0:
+                        deadline = time.monotonic() + limit
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
         os.close(to_child)
         os.close(from_child)
+        if errors is not subprocess.DEVNULL:
+            _forward(errors)
+
+
+# How importpatch's own lines begin (events.warn_once, _boot._fail): the only child output the
+# user is shown. Patch code's output (and that of what it imports) is dropped.
+OWN_LINE = b"importpatch: "
+FORWARD_MAX_BYTES = 1 << 20  # a declaration that floods stderr does not flood this process
+
+
+def _forward(errors: Any) -> None:
+    """Pass importpatch's own lines of the child's stderr on to this process's stderr."""
+    try:
+        errors.seek(0)
+        data = errors.read(FORWARD_MAX_BYTES)
+        errors.close()
+        own = b"".join(line for line in data.splitlines(keepends=True)
+                       if line.startswith(OWN_LINE))
+        if own:
+            sys.stderr.write(own.decode("utf-8", "replace"))
+            sys.stderr.flush()
+    except Exception:  # noqa: S110 (stderr closed or replaced: nothing to say it on)
+        pass
 
 
 class Ended:
@@ -224,7 +270,7 @@ def timeout_records(
 def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
     """The child's side of ``scan_in_child``, up to the scan (``catalog.scan_for_parent`` runs
     it): ignore SIGINT, read the request, take the parent's search path, say hello, and exit when
-    the parent is gone. Returns (folders, dirs, user_site, skipped)."""
+    the parent is gone. Returns (folders, dirs, user_site, skipped, reuse)."""
     import _signal  # type: ignore[import-not-found]
     import threading
 
@@ -235,7 +281,7 @@ def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
         if not chunk:
             os._exit(2)
         buf += chunk
-    folders, dirs, user_site, skipped, path = marshal.loads(buf[4:])
+    folders, dirs, user_site, skipped, path, reuse = marshal.loads(buf[4:])
     sys.path[:] = path
     _write_all(to_parent, _frame(("hello",)))
 
@@ -245,7 +291,7 @@ def child_start(from_parent: int, to_parent: int) -> tuple[Any, ...]:
         os._exit(3)
 
     threading.Thread(target=orphaned, daemon=True).start()
-    return folders, dirs, user_site, skipped
+    return folders, dirs, user_site, skipped, reuse
 
 
 def child_progress(to_parent: int, kind: str, source: str) -> None:
