@@ -13,7 +13,7 @@ silently, before the change that made the waiting finder hold importpatch's one 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -171,12 +171,21 @@ def test_an_enabled_stamp_whose_body_fails_its_check_is_not_believed(
     assert (proc.returncode, proc.stdout.split()) == (0, ["patched"]), proc.stderr
 
 
-@pytest.fixture
-def own_venv(venv_factory: Callable[..., Venv], built_wheel: Path, request: pytest.FixtureRequest
-             ) -> Venv:
-    venv = venv_factory(str(built_wheel), name=f"guarantee-{request.node.name[:40]}")
+@pytest.fixture(scope="module")
+def pth_venv(venv_factory: Callable[..., Venv], built_wheel: Path) -> Venv:
+    venv = venv_factory(str(built_wheel), name="guarantee-pth")
     _add_targets(venv.site_packages)
     return venv
+
+
+@pytest.fixture
+def own_venv(pth_venv: Venv) -> Iterator[Venv]:
+    """A venv whose site folder the test may give .pth files: they are removed after it (each
+    test has its own HOME, so its own stamps; the site folder's new mtime is a new key)."""
+    before = set(pth_venv.site_packages.glob("*.pth"))
+    yield pth_venv
+    for pth in set(pth_venv.site_packages.glob("*.pth")) - before:
+        pth.unlink()
 
 
 def test_a_folder_a_later_pth_line_adds_is_searched_by_a_waiting_process(
