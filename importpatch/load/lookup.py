@@ -19,10 +19,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Protocol
 
     from importpatch.discover.catalog import Entry
-    from importpatch.load.finder import PatchFinder
+
+    class PatchFinder(Protocol):
+        """What the look-up reads of ``importpatch.load.finder.PatchFinder`` (named by shape,
+        so this module and the finder do not import each other)."""
+
+        entries: list[Entry]
+        by_module: dict[str, list[Entry]]
 
 
 def check_top(finder: PatchFinder, top: str, path: Any, target: Any, module: ModuleType | None,
