@@ -171,9 +171,10 @@ def median(values: Sequence[float]) -> float:
 @dataclass
 class Figure:
     """A row's figure with a numeric goal, as ``bench/results.json`` keeps it (one entry of its
-    ``figures``; scripts/gen_figures.py draws them). ``kind`` "ratio": a ratio of medians, judged
-    on its overhead; "absolute": a number in ``unit``. ``direction`` "max": the value must be at
-    most ``goal``; "min": at least. ``noise``: how far over the goal still counts as noise."""
+    ``figures``; scripts/release/gen_figures.py draws them). ``kind`` "ratio": a ratio of
+    medians, judged on its overhead; "absolute": a number in ``unit``. ``direction`` "max": the
+    value must be at most ``goal``; "min": at least. ``noise``: how far over the goal still counts
+    as noise."""
 
     label: str
     kind: str

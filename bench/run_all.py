@@ -6,9 +6,9 @@
     python bench/run_all.py --json -        # the table only
 
 See bench/README.md for the method. Progress goes to stderr, the table to stdout. The figures
-with a numeric goal go into the JSON (scripts/gen_figures.py draws docs/img/benchmarks.svg from
-it): those of the benchmarks run replace theirs; the others (measured by other scripts) stay,
-each with the date it was measured.
+with a numeric goal go into the JSON (scripts/release/gen_figures.py draws
+docs/img/benchmarks.svg from it): those of the benchmarks run replace theirs; the others
+(measured by other scripts) stay, each with the date it was measured.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ ABOUT = (
     "A/B, judged on its overhead (value - 1 against goal - 1). met: yes, no, or noise (over the "
     "goal but within the run-to-run noise). Written by bench/run_all.py ('run' says how), which "
     "replaces the figures of the benchmarks it ran and keeps the others, each with its source "
-    "and the date it was measured; scripts/gen_figures.py draws docs/img/benchmarks.svg from it."
+    "and the date it was measured; scripts/release/gen_figures.py draws "
+    "docs/img/benchmarks.svg from it."
 )
 
 

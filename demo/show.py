@@ -102,7 +102,7 @@ def main() -> int:
         [sys.executable, "-m", "importpatch", "status", "--events-dir", str(on_dir / "events")],
         check=False,
     )
-    # the same as JSON, for scripts/gen_figures.py --status (the docs' process-tree picture)
+    # the same as JSON, for scripts/release/gen_figures.py --status (the docs' process-tree picture)
     with open(on_dir / "status.json", "w") as f:
         subprocess.run([sys.executable, "-m", "importpatch", "status", "--json", "--events-dir",
                         str(on_dir / "events")], stdout=f, check=False)

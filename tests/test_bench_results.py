@@ -1,4 +1,4 @@
-"""bench/results.json is what bench/run_all.py writes and what scripts/gen_figures.py reads.
+"""bench/results.json is what bench/run_all.py writes and what scripts/release/gen_figures.py reads.
 
 The benchmarks themselves take minutes (`tox -e bench`); here, cheaply: run_all's writer on real
 ``Row``/``Figure`` objects gives entries the figure script draws, it keeps the figures other
@@ -41,7 +41,7 @@ def run_all() -> Any:
 
 @pytest.fixture(scope="module")
 def gen_figures() -> Any:
-    return _load("scripts/gen_figures.py", "gen_figures")
+    return _load("scripts/release/gen_figures.py", "gen_figures")
 
 
 def _check_drawable(gen_figures: Any, figure: dict[str, Any]) -> None:

@@ -890,7 +890,7 @@ def test_drift_script_prints_a_matrix_of_patches_by_release(
         (old / rel).write_text(text.replace("1.4.0", "1.0.0") if rel.endswith("__init__.py")
                                else text)
     (old / "tpkg" / "core.py").write_text(OLD_CORE)
-    script = ROOT / "scripts" / "drift.py"
+    script = ROOT / "scripts" / "eval" / "drift.py"
     proc = wheel_venv.run([script, "--against", old, "--against", artifacts["wheel"]], env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # stale-hunk drifted in 1.4.0
     matrix = proc.stdout.split("\n\n")[0]  # the verdicts; the drift of pinned originals follows

@@ -1,7 +1,7 @@
 """The shipped patches' ``Requires`` agree with the compatibility matrix, docs/compat-matrix.json.
 
 The matrix holds the verdicts of ``importpatch check --against`` on real vLLM wheels; it is made
-by scripts/drift.py (``tox -e drift``, which downloads them). This test downloads nothing: it
+by scripts/eval/drift.py (``tox -e drift``, which downloads them). This test downloads nothing: it
 reads the committed matrix and the real patches/ files, and the ``Requires`` of each patch as
 ``importpatch list`` reads it. It fails when
 - a shipped patch has no row, or its file changed since the row was made (sha256);
@@ -39,7 +39,7 @@ from packaging.version import Version
 MATRIX = ROOT / "docs" / "compat-matrix.json"
 PATCHES = ROOT / "patches"
 REGENERATE = "tox -e drift"
-DRIFT = "scripts/drift.py"
+DRIFT = "scripts/eval/drift.py"
 VLLM = "vllm"
 
 

@@ -1,6 +1,6 @@
 """The diff engine against real git history and the real tools, ``git apply`` and GNU ``patch``.
 
-Cases come from scripts/vllm_history.py: a commit changing one ``.py`` file, its diff, and the
+Cases come from scripts/eval/vllm_history.py: a commit changing one ``.py`` file, its diff, and the
 file k first-parent commits older and newer. Always on: a generated history (git fast-import,
 no vLLM text). With ``IMPORTPATCH_VLLM_MIRROR`` pointing at a vLLM git mirror (the ``fetch``
 tool's snapshot of a fork such as local-inference-lab/vllm carries vLLM's history): vLLM's own.
@@ -24,7 +24,7 @@ from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "eval"))
 import diff_corpus  # noqa: E402
 import vllm_history  # noqa: E402
 

@@ -1089,7 +1089,7 @@ def test_the_previous_offset_is_carried_as_gnu_patch_does_not_git() -> None:
 
     from conftest import ROOT
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "eval"))
     import diff_corpus
 
     old = numbered(200)

@@ -12,7 +12,7 @@ from conftest import ROOT
 
 def _checker() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "check_published_paths", ROOT / "scripts" / "check_published_paths.py")
+        "check_published_paths", ROOT / "scripts" / "release" / "check_published_paths.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

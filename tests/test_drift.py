@@ -1,4 +1,4 @@
-"""scripts/drift.py finds, downloads and caches a release the way it does on PyPI (through
+"""scripts/eval/drift.py finds, downloads and caches a release the way it does on PyPI (through
 importpatch.tools.releases), against a package index served by this test on 127.0.0.1
 (tests/package_index.py: PEP 691 JSON or PEP 503 HTML pages, files with sha256), so no test
 reaches the network or a real cache.
@@ -16,7 +16,7 @@ from typing import Any
 from conftest import ROOT, clean_env
 from package_index import NAMES, PROJECT, Index
 
-DRIFT = ROOT / "scripts" / "drift.py"
+DRIFT = ROOT / "scripts" / "eval" / "drift.py"
 
 
 def drift(cache: Path | None, *args: str, stdout: int = subprocess.PIPE,

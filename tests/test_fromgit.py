@@ -2,7 +2,7 @@
 ``git``) turned into ordered diff patches and carried to a toy distribution's release with the
 3-way merge of ``importpatch rebase``; the carried patches then patch that distribution in a
 spawned interpreter with the installed hook. With ``IMPORTPATCH_VLLM_MIRROR`` naming a vLLM git
-history, a run of its commits is carried too (scripts/fork_corpus.py)."""
+history, a run of its commits is carried too (scripts/eval/fork_corpus.py)."""
 
 from __future__ import annotations
 
@@ -252,9 +252,9 @@ def test_bad_input_is_one_line_and_changes_nothing(
 
 
 def test_fork_corpus_script_on_a_synthetic_history(tmp_path: Path) -> None:
-    """scripts/fork_corpus.py's tallies against git cherry-pick, on a generated history (the
+    """scripts/eval/fork_corpus.py's tallies against git cherry-pick, on a generated history (the
     same script runs on vLLM's history with IMPORTPATCH_VLLM_MIRROR)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fork_corpus.py"),
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "eval" / "fork_corpus.py"),
                            "--synthetic", "--json"], capture_output=True, text=True,
                           timeout=600, env={**os.environ, **GIT_ENV})
     assert proc.returncode == 0, proc.stderr
@@ -282,7 +282,8 @@ def test_fork_corpus_on_vllm_history() -> None:
                          capture_output=True)
     if has.returncode != 0:
         pytest.skip(f"{mirror} has no v0.16.0 (fetch github:jinhuang12/vllm has vLLM's branch)")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fork_corpus.py"), "--json"],
+    script = ROOT / "scripts" / "eval" / "fork_corpus.py"
+    proc = subprocess.run([sys.executable, str(script), "--json"],
                           capture_output=True, text=True, timeout=1800,
                           env={**os.environ, **GIT_ENV})
     assert proc.returncode == 0, proc.stderr

@@ -262,7 +262,7 @@ def run_probe(tmp: Path, enable: str | None) -> dict[str, Any]:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert lines, f"no report\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
     report: dict[str, Any] = json.loads(lines[-1].removeprefix("REPORT "))
-    if os.environ.get("GPU_CHECK_OUT"):  # scripts/gpu_check.sh keeps the measurements
+    if os.environ.get("GPU_CHECK_OUT"):  # scripts/eval/gpu_check.sh keeps the measurements
         Path(os.environ["GPU_CHECK_OUT"], f"report-{enable or 'original'}.json").write_text(
             json.dumps(report, indent=1), encoding="utf-8")
     # The numbers, for the log of a GPU run (pytest -s shows them).

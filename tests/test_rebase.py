@@ -28,9 +28,9 @@ from importpatch.tools import rebase, releases
 
 def _script(name: str) -> Any:
     """A module of scripts/ (the corpus tools), imported from its file."""
-    if str(ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    if str(ROOT / "scripts" / "eval") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts" / "eval"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "eval" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -391,8 +391,8 @@ def test_rebase_onto_far_upstream_edits_is_clean_and_equals_git_apply_3way(
 
 
 def test_history_sample_agrees_with_git(tmp_path: Path) -> None:
-    """A small sample of the corpus measurement (scripts/rebase_corpus.py) on the generated
-    history of scripts/vllm_history.py (no vLLM text in the repository): no clean result git
+    """A small sample of the corpus measurement (scripts/eval/rebase_corpus.py) on the generated
+    history of scripts/eval/vllm_history.py (no vLLM text in the repository): no clean result git
     does not give."""
     mirror = vllm_history.synthetic_mirror(tmp_path / "history.git", 300, seed=1)
     repo = corpus.GitRepo(str(tmp_path / "repo"))

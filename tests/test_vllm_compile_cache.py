@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, clean_env, missing
 
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "eval"))
 from compile_cache_sequence import WRAP, problems, run_sequence  # noqa: E402 (shared)
 
 pytestmark = [
@@ -50,7 +50,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> dict[str, Any]:
-    """The sequence of scripts/compile_cache_sequence.py, with the stand-in (module docstring)."""
+    """The sequence of scripts/eval/compile_cache_sequence.py, with the stand-in (its docstring)."""
     return run_sequence(tmp_path_factory.mktemp("compile-cache"), model_dir, stand_in=True)
 
 
@@ -164,7 +164,7 @@ def sampler_forward(wrapped, instance, args, kwargs):
 
 
 def test_the_scripts_verdict_on_the_sequence_is_clean(runs: dict[str, Any]) -> None:
-    """scripts/compile_cache_sequence.py's own verdict (what it prints on a GPU machine)."""
+    """scripts/eval/compile_cache_sequence.py's own verdict (what it prints on a GPU machine)."""
     assert problems(runs) == []
 
 

@@ -164,8 +164,8 @@ class ParsedDiff:
 
 # --------------------------------------------------------------------------- parsing
 #
-# Hand-written, not unidiff (PyPI; measured with scripts/unidiff_eval.py, unidiff 1.0.1): on 400
-# real vLLM diffs both recover the same lines, but unidiff keeps git's quoted non-ASCII paths
+# Hand-written, not unidiff (PyPI; measured with scripts/eval/unidiff_eval.py, unidiff 1.0.1):
+# on 400 real vLLM diffs both recover the same lines, but unidiff keeps git's quoted non-ASCII paths
 # quoted and octal-escaped (a wrong module name), returns a file with no hunks for a malformed
 # '@@' line and drops the lines past a hunk's stated length (a patch that silently does less),
 # reports errors without a line number, needs its own checks to refuse creations, renames and

@@ -302,9 +302,10 @@ def store(
 # -- size and pruning (`importpatch cache`, `doctor`) ---------------------------------------------
 
 AREAS = ("code", "src", "catalog", "s")  # compiled modules, published text, indexes, stamps
-# Downloaded release artifacts (importpatch.tools.releases: `rebase`, scripts/drift.py) live beside
-# the areas, in <root>/releases. Not an area: the size bound and `prune` never delete them (they are
-# not rebuilt, but downloaded again, hundreds of MB each); `importpatch cache` shows them apart.
+# Downloaded release artifacts (importpatch.tools.releases: `rebase`, scripts/eval/drift.py) live
+# beside the areas, in <root>/releases. Not an area: the size bound and `prune` never delete them
+# (they are not rebuilt, but downloaded again, hundreds of MB each); `importpatch cache` shows
+# them apart.
 RELEASES = "releases"
 
 

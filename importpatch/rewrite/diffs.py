@@ -56,8 +56,8 @@ ORDER = "order"  # the old side is there, but before the previous hunk's place
 
 # Below this share of equal telling old-side lines (those with a letter or digit), the
 # best-aligned place in the source is not offered as the hunk's "closest fit". Chosen on vLLM's
-# history (scripts/diff_corpus.py --floor: 1,490 failing hunks of two samples): at 0.2 about 84%
-# of the places offered are where the hunk's code went (61-65% with no floor) and 92-93% of the
+# history (scripts/eval/diff_corpus.py --floor: 1,490 failing hunks of two samples): at 0.2 about
+# 84% of the places offered are where the hunk's code went (61-65% with no floor) and 92-93% of the
 # right places are still offered; higher floors buy little precision for much recall.
 NEAREST_FLOOR = 0.2
 # How many failing hunks one message names (``check`` lists all of them).

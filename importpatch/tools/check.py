@@ -1,6 +1,6 @@
 """Dry run: would each patch apply to a given copy of its target package? Nothing is imported.
 
-``importpatch check``, ``importpatch diff``, ``scripts/drift.py`` and the pytest helper
+``importpatch check``, ``importpatch diff``, ``scripts/eval/drift.py`` and the pytest helper
 ``assert_applies_cleanly`` are built on ``run`` and ``packages.Source``.
 
 The packages are read through a ``Source`` (importpatch/tools/packages.py: the installed packages, a

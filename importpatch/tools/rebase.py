@@ -7,7 +7,7 @@ merge3 algorithm, on PyPI): regions only we changed take ours, regions only upst
 theirs, regions both changed alike are *already upstream* (never duplicated), regions both
 changed differently, or changes that touch, are conflicts. This is what ``git apply --3way``
 does (git 2.32+: the 3-way merge first, a plain apply only when the base is unknown), and
-``scripts/rebase_corpus.py`` measures the agreement on vLLM's history. A clean result is then
+``scripts/eval/rebase_corpus.py`` measures the agreement on vLLM's history. A clean result is then
 checked (``_verified``): it stands where it is ``git merge-file``'s text or shown right line by
 line (the change present once, nothing upstream removed added back); else it is the target
 unchanged (the change already there, re-indented), git's merge when that one is right, or a
@@ -93,8 +93,8 @@ class Matcher:
     insert the same block must put it at the same place, or the merge sees two insertions and
     makes the change twice.
 
-    Measured on 2,379 rebases of vLLM's history (scripts/rebase_corpus.py): this alignment gives
-    git's verdict in all but one (a conflict where git merges) and git's output wherever both
+    Measured on 2,379 rebases of vLLM's history (scripts/eval/rebase_corpus.py): this alignment
+    gives git's verdict in all but one (a conflict where git merges) and git's output wherever both
     merge. A greedy shortest-edit-script (Myers) alignment, tried instead, was 5x faster but
     disagreed with git 9 times (3 clean where git conflicts): git's xdiff finds a different one
     of the shortest scripts (middle snakes, discarded unmatched lines, change compaction).

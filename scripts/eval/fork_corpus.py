@@ -10,10 +10,10 @@ nothing to carry (no Python file of the package). Where both are clean, the comm
 git's pick and after ``git apply`` of from-git's carried patches, one by one, must be the same
 text (new modules included). Exit status 1 also when they differ.
 
-    python scripts/fork_corpus.py [MIRROR] --release v0.16.0 --main main --count 25 [--json]
-    python scripts/fork_corpus.py MIRROR --release v0.4.3 --main moe_final --start 200fbea19 \
+    python scripts/eval/fork_corpus.py [MIRROR] --release v0.16.0 --main main --count 25 [--json]
+    python scripts/eval/fork_corpus.py MIRROR --release v0.4.3 --main moe_final --start 200fbea19 \
         --count 54 [--follow-merges] [--json]             # a fork's own commits after --start
-    python scripts/fork_corpus.py --synthetic [--json]     # a generated history, no mirror
+    python scripts/eval/fork_corpus.py --synthetic [--json]     # a generated history, no mirror
 
 ``--start REV`` takes the commits after REV (a fork's own commits, whatever the release) instead
 of those after the branch point of ``--release`` and ``--main``; ``--follow-merges`` takes the
@@ -40,7 +40,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 if not any((Path(p) / "importpatch").is_dir() for p in sys.path[1:] if p):
-    sys.path.insert(0, str(HERE.parent))  # run from a checkout
+    sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout
 
 from importpatch.tools import fromgit  # noqa: E402
 

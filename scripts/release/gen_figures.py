@@ -1,7 +1,7 @@
 """Draw the documentation's figures from the data the project keeps (matplotlib, SVG).
 
-    python scripts/gen_figures.py             # all three into docs/img/
-    python scripts/gen_figures.py --status .demo/on/status.json   # the demo's tree from a run
+    python scripts/release/gen_figures.py            # all three into docs/img/
+    python scripts/release/gen_figures.py --status .demo/on/status.json  # the demo's tree
 
 - docs/img/benchmarks.svg: each benchmark figure against its goal (bench/results.json);
 - docs/img/compat-matrix.svg: patch x vLLM release, coloured by verdict
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "img"
 
 GREEN, RED, AMBER, GREY, BLUE = "#2e7d32", "#c62828", "#f9a825", "#bdbdbd", "#1565c0"

@@ -2,7 +2,7 @@
 get right, and the speed, side by side with importpatch's own parser.
 
     python -m pip install unidiff
-    python scripts/unidiff_eval.py [MIRROR]     # MIRROR: vLLM history for the speed/agreement run
+    python scripts/eval/unidiff_eval.py [MIRROR]  # MIRROR: vLLM history for the speed/agreement run
 
 Each case prints what importpatch and unidiff make of it; the corpus run parses every case diff
 of vllm_history.cases (k=5, 400 cases) with both, compares the old and new sides they recover
@@ -22,7 +22,7 @@ sys.path.insert(0, str(SCRIPTS))
 try:
     from importpatch.rewrite import diffs
 except ImportError:
-    sys.path.insert(1, str(SCRIPTS.parent))
+    sys.path.insert(1, str(SCRIPTS.parents[1]))
     from importpatch.rewrite import diffs
 
 import unidiff  # noqa: E402

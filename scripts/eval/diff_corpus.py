@@ -9,9 +9,9 @@ through the engine, ``git apply`` and ``patch -F0``, and the outcomes are tallie
 * ``engine only``: the engine applies what a tool refuses (must be 0 for git apply, see below);
 * ``engine refuses``: a tool applies and the engine does not, by the engine's reason.
 
-    python scripts/diff_corpus.py [MIRROR] --k 5 --k 30 --limit 300 [--seed 0] [--paths vllm/]
-    python scripts/diff_corpus.py --synthetic          # the generated history, no mirror needed
-    python scripts/diff_corpus.py MIRROR --floor --k 30 --k 100 --k 300 --k 1000 --limit 400
+    python scripts/eval/diff_corpus.py [MIRROR] --k 5 --k 30 --limit 300 [--seed 0] [--paths vllm/]
+    python scripts/eval/diff_corpus.py --synthetic         # the generated history, no mirror needed
+    python scripts/eval/diff_corpus.py MIRROR --floor --k 30 --k 100 --k 300 --k 1000 --limit 400
 
 ``--mutate N`` damages each case's diff N times (a line dropped, doubled or swapped with the
 next, a character of a line changed, a number of a hunk header changed) and applies the result
@@ -45,7 +45,7 @@ if str(SCRIPTS) not in sys.path:
 try:
     from importpatch.rewrite import diffs
 except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(1, str(SCRIPTS.parent))
+    sys.path.insert(1, str(SCRIPTS.parents[1]))
     from importpatch.rewrite import diffs
 
 import vllm_history  # noqa: E402

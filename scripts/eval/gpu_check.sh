@@ -3,11 +3,11 @@
 # with and without the example kernel diff) on a machine that has CUDA, torch and Triton but no
 # vLLM and no network. Two steps:
 #
-#   bash scripts/gpu_check.sh prepare   # here (PyPI reachable): fills .gpu-carry/ (git-ignored)
-#   bash scripts/gpu_check.sh run       # there, from the checkout root, with .gpu-carry/ carried
+#   bash scripts/eval/gpu_check.sh prepare   # here (PyPI reachable): fills .gpu-carry/ (git-ignored)
+#   bash scripts/eval/gpu_check.sh run       # there, from the checkout root, with .gpu-carry/ carried
 #
 # `prepare` downloads vLLM's CUDA wheel (vllm==$GPU_VLLM_VERSION, --no-deps, cached in
-# $GPU_CACHE), packs its Python sources with scripts/gpu_vllm_shell.py (every .py file of the
+# $GPU_CACHE), packs its Python sources with scripts/eval/gpu_vllm_shell.py (every .py file of the
 # package, its metadata, a stand-in for the one compiled extension reached at module level), and
 # puts into .gpu-carry/wheels the project wheel and the wheels of what the tests need for
 # CPython $GPU_PY_VERSION on x86_64 Linux: numpy, regex (vLLM), packaging, wrapt (importpatch),
@@ -25,7 +25,7 @@
 # Exit status: pytest's (or the first failing step's).
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="$ROOT/.gpu-carry"
 GPU_VLLM_VERSION="${GPU_VLLM_VERSION:-0.32.0}"
 GPU_PY_VERSION="${GPU_PY_VERSION:-3.12}"
@@ -43,7 +43,7 @@ prepare() {
         "$py" -m pip download -q --no-deps "vllm==$GPU_VLLM_VERSION" -d "$GPU_CACHE"
         wheel="$(ls "$GPU_CACHE"/vllm-"$GPU_VLLM_VERSION"-*.whl | head -n1)"
     fi
-    "$py" "$ROOT/scripts/gpu_vllm_shell.py" "$wheel" "$CARRY/vllm-shell.tar.gz" \
+    "$py" "$ROOT/scripts/eval/gpu_vllm_shell.py" "$wheel" "$CARRY/vllm-shell.tar.gz" \
         > "$CARRY/vllm-shell.json"
     cat "$CARRY/vllm-shell.json"
     "$py" -m pip download -q --only-binary=:all: --python-version "$GPU_PY_VERSION" \
@@ -80,7 +80,7 @@ run() {
     work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
     echo "== gpu_check run: $(date -u +%FT%TZ), checkout $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo no git)), work $work"
     if [ ! -f "$CARRY/vllm-shell.tar.gz" ]; then
-        echo "no $CARRY/vllm-shell.tar.gz: run 'bash scripts/gpu_check.sh prepare' first"
+        echo "no $CARRY/vllm-shell.tar.gz: run 'bash scripts/eval/gpu_check.sh prepare' first"
         return 2
     fi
     nvidia-smi -L 2>&1 | head -n 4
@@ -141,5 +141,5 @@ PY
 case "${1:-}" in
     prepare) prepare ;;
     run) run ;;
-    *) echo "usage: bash scripts/gpu_check.sh prepare|run" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/eval/gpu_check.sh prepare|run" >&2; exit 2 ;;
 esac

@@ -1,9 +1,9 @@
 """Pack the Python sources of a vLLM wheel, to import them where vLLM is not installed.
 
-    python scripts/gpu_vllm_shell.py WHEEL OUT.tar.gz [--entry MODULE ...]
+    python scripts/eval/gpu_vllm_shell.py WHEEL OUT.tar.gz [--entry MODULE ...]
 
-For ``scripts/gpu_check.sh``: a GPU machine with CUDA, torch and Triton but no vLLM and no network
-runs the GPU tests against vLLM's real Triton kernels. The archive holds:
+For ``scripts/eval/gpu_check.sh``: a GPU machine with CUDA, torch and Triton but no vLLM and no
+network runs the GPU tests against vLLM's real Triton kernels. The archive holds:
 
 - every ``.py`` file of the ``vllm`` package of the wheel (the CUDA build from PyPI), so that any
   import a test reaches, at module level or inside a function, finds vLLM's real code;
@@ -35,7 +35,7 @@ ENTRIES = (
     "vllm.triton_utils",
     "vllm.platforms.cuda",  # what vllm.platforms.current_platform resolves to on a CUDA machine
 )
-STAND_IN = '''"""Stand-in for vLLM's compiled extension {name} (scripts/gpu_check.sh omits it).
+STAND_IN = '''"""Stand-in for vLLM's compiled extension {name} (scripts/eval/gpu_check.sh omits it).
 
 Only vLLM's Python code and its Triton kernels are available in this environment; anything
 that needs this extension fails with AttributeError.
@@ -189,7 +189,7 @@ def pack(wheel: Wheel, out: str, stand_ins: set[str]) -> dict[str, int]:
         for name in ("METADATA", "top_level.txt"):
             if f"{info}/{name}" in wheel.names:
                 add(f"{info}/{name}", wheel.zip.read(f"{info}/{name}"))
-        add(f"{info}/INSTALLER", b"importpatch scripts/gpu_vllm_shell.py\n")
+        add(f"{info}/INSTALLER", b"importpatch scripts/eval/gpu_vllm_shell.py\n")
         for module in sorted(stand_ins):
             add(module.replace(".", "/") + ".py", STAND_IN.format(name=module).encode())
     return sizes

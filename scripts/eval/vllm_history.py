@@ -37,10 +37,10 @@ it; it needs only git.
 
 Command line:
 
-    python scripts/vllm_history.py [MIRROR] --k 5 --limit 20 [--seed 0] [--paths vllm/]
+    python scripts/eval/vllm_history.py [MIRROR] --k 5 --limit 20 [--seed 0] [--paths vllm/]
         [--out DIR]    write each case as DIR/NNN-<sha>/{base,changed,older,newer}.py, diff.patch
         [--jsonl]      print each case as one JSON object per line
-    python scripts/vllm_history.py --synthetic DIR [--commits 300] [--seed 0]
+    python scripts/eval/vllm_history.py --synthetic DIR [--commits 300] [--seed 0]
 
 MIRROR defaults to $IMPORTPATCH_VLLM_MIRROR. Without --out/--jsonl it prints one line per case.
 """

@@ -1,6 +1,6 @@
 """The licences of everything ``pip install importpatch-hook`` installs: none may be copyleft.
 
-    python scripts/licenses.py [WHEEL]      (default: $TOX_PACKAGE, the wheel tox built)
+    python scripts/release/licenses.py [WHEEL]      (default: $TOX_PACKAGE, the wheel tox built)
 
 Installs WHEEL, with pip's ordinary resolution from the configured index, into a fresh venv
 made *without pip*, so that the venv holds exactly the base install's dependency closure

@@ -3,7 +3,7 @@ site): measured notes and demo data are copied from real runs, whose absolute pa
 machine's work folders, its home, pytest's temporary folders) mean nothing to a reader and leak
 where the project was built. Examples use `/home/me/...`, `/tmp/...` or relative paths.
 
-    python scripts/check_published_paths.py [PATH...]   # default: docs/ and README.md
+    python scripts/release/check_published_paths.py [PATH...]   # default: docs/ and README.md
 
 Exit status 1 (and one line per hit) when such a path is found. tests/test_docs_paths.py runs it on
 the sources; `tox -e docs` on the built site.
@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # /work/... (the build machine's work tree), /root/... (its home), pytest's and pip's temporary
 # folders, and this checkout's own absolute path: not preceded by a path character, so that
 # `~/.local/share/importpatch/work/NAME` is not one.
