@@ -336,6 +336,28 @@ def package_index(tmp_path: Path) -> Iterator[Index]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "lab(target=None, patch=None, venv='wheel_venv'): what the `lab` fixture holds")
+    config.addinivalue_line(
+        "markers", "one_python: the outcome does not depend on the interpreter's version "
+                   "(ONE_PYTHON in tests/conftest.py); tox runs it on Python 3.11 only")
+
+
+# Test files whose outcome cannot depend on the interpreter's version: text merges (difflib,
+# merge3, git), downloads and caches of release files, the repository's own files (layout, docs
+# paths, benchmark results, the compat matrix), nothing that parses or runs Python source of a
+# patch. CI runs them once (py311, the vLLM env's Python), the other pyXY envs deselect them
+# (`-m "not one_python"`), which saves ~2 minutes an env. Anything that tokenizes, parses,
+# compiles or imports patched code (pins, fields, from-git's AST checks, the start) stays on all.
+ONE_PYTHON = {
+    "test_rebase.py", "test_rebase_wrong_clean.py", "test_releases.py", "test_layout.py",
+    "test_docs_paths.py", "test_bench_results.py", "test_compat_matrix.py", "test_drift.py",
+    "test_diff_corpus.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in ONE_PYTHON:
+            item.add_marker(pytest.mark.one_python)
 
 
 @pytest.fixture
