@@ -46,7 +46,8 @@ class Server:
 
     def __init__(self, model: str, *, env: dict[str, str] | None = None, log: Path | None = None,
                  port: int | None = None, max_num_seqs: int | None = None,
-                 argv: list[str] | None = None, cwd: Path | None = None) -> None:
+                 argv: list[str] | None = None, cwd: Path | None = None,
+                 extra_args: list[str] | None = None) -> None:
         self.model = model
         self.port = port or free_port()
         if argv is None:
@@ -55,6 +56,7 @@ class Server:
                     "256"]
             if max_num_seqs:
                 argv += ["--max-num-seqs", str(max_num_seqs)]
+            argv += extra_args or []
         self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      cwd=cwd)
@@ -82,6 +84,18 @@ class Server:
         with urllib.request.urlopen(req, timeout=300) as r:
             choice = json.loads(r.read())["choices"][0]
         return {"text": choice["text"], "tokens": choice.get("token_ids")}
+
+    def chat(self, content: str, max_tokens: int = 8, **extra: object) -> dict:
+        """One chat completion (``extra``: more fields, e.g. ``tools``): the first choice's
+        message."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens, "temperature": 0, **extra}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())["choices"][0]["message"]
 
     def run_behind_blocker(self, prompts: list[str], priorities: list[int]) -> list[dict]:
         """A long request first; once it has produced a token, the prompts, in order."""

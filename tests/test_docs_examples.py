@@ -16,6 +16,9 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
   that architecture (main process, EngineCore, Worker), and the same without the patch
 - patches/my_reasoner.py + myparsers/ + reason.py (writing-patches, after_import): its script,
   LLM(reasoning_parser=...).generate of a structured output, and the same without the patch
+- patches/my_tool_parser.py + myparsers/echo_tool.py (writing-patches, after_import): `vllm serve
+  --tool-call-parser echo-tool` and a chat request with tools (in tests/test_vllm_e2e.py's one
+  `vllm serve`), and the same flags refused without the patch
 - test_my_priority.py (patch-files, the pytest plugin): pytest (a child), and its own child
 - patches/per_request_banned_tokens.py + per_request.py (triton.md, a SamplingParams field): its
   script under a multiprocess LLM(), in tests/test_vllm_compile_cache.py
@@ -44,6 +47,9 @@ IN_LLM = ["hello-sampler", "my-priority", "my-engine-start", "my-kv-specs", "my-
 IN_CHILD = ["my-fields"]
 # Run by a LLM().generate of their own (a model whose architecture they register).
 OWN_LLM = ["my-model", "my-reasoner"]
+# Run by tests/test_vllm_e2e.py's one `vllm serve` (a chat request with tools), and refused
+# without the patch below.
+IN_SERVE = ["my-tool-parser"]
 # Run by a test of its own, through the script its page shows (docs/triton.md):
 # tests/test_vllm_compile_cache.py::test_a_samplingparams_field_reaches_the_workers_sampler_...
 ELSEWHERE = ["per-request-banned-tokens"]
@@ -97,7 +103,7 @@ def test_migration_guide_shows_the_migration_the_blog_package_tests_apply() -> N
 def test_every_example_patch_is_run_here() -> None:
     declared = {m.group(1) for p in PATCHES.glob("*.py")
                 for m in re.finditer(r'Patch\(\s*"([^"]+)"', p.read_text())}
-    assert declared == set(IN_LLM + IN_CHILD + OWN_LLM + ELSEWHERE)
+    assert declared == set(IN_LLM + IN_CHILD + OWN_LLM + IN_SERVE + ELSEWHERE)
 
 
 # -- The examples on real vLLM ---------------------------------------------------------------------
@@ -302,6 +308,28 @@ def test_after_import_example_registers_a_reasoning_parser_in_every_process(
     assert off.returncode != 0
     assert "my-reasoner" in off.stdout + off.stderr
     assert "MyReasoner made" not in off.stdout + off.stderr
+
+
+@pytest.mark.vllm
+def test_without_the_tool_parser_patch_vllm_serve_refuses_the_parser_name(
+    tmp_path: Path, model_dir: str,
+) -> None:
+    # writing-patches: "without the patch, `vllm serve` refuses the unknown parser name" (before
+    # it loads the model; with it, tests/test_vllm_e2e.py's server answers with the parser's call)
+    sys.path.insert(0, str(ROOT / "demo"))
+    from serve import vllm_command
+
+    template = EXAMPLES / "myparsers" / "chat_template.jinja"
+    proc = subprocess.run(
+        [vllm_command(), "serve", model_dir, "--enable-auto-tool-choice", "--tool-call-parser",
+         "echo-tool", "--chat-template", str(template), "--port", "0"],
+        env=env_for(tmp_path, PYTHONPATH=str(EXAMPLES)), capture_output=True, text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "invalid tool call parser: echo-tool" in out, out[-3000:]
+    assert "EchoToolParser made" not in out
 
 
 @pytest.mark.vllm

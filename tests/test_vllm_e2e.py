@@ -213,6 +213,14 @@ def test_stale_source_diff_fails_the_worker_import_and_llm_reports_it(
     assert all("multiprocessing" in " ".join(e["argv"]) for e in failed), failed
 
 
+# writing-patches, "a tool-call parser": the flags of its `vllm serve` line.
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "echo-tool", "--chat-template",
+             str(ROOT / "docs" / "examples" / "myparsers" / "chat_template.jinja")]
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}
+
+
 def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
     tmp_path: Path, model_dir: str, runs: dict
 ) -> None:
@@ -220,13 +228,17 @@ def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
     # vllm-cpu-cli patch, applied in the console script's own process.
     # With it, README's first patch (docs/examples/patches/hello.py): "under vllm serve ... the
     # Worker prints sampling logits" (one server for both: tests/test_docs_examples.py).
+    # And writing-patches' tool-call parser (docs/examples/patches/my_tool_parser.py): `vllm
+    # serve --enable-auto-tool-choice --tool-call-parser echo-tool` starts, and a chat request
+    # with tools gets the call the parser made in the API server.
     tag = uuid.uuid4().hex
+    examples = ROOT / "docs" / "examples"
     env = vllm_env(
-        tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids,hello-sampler",
+        tmp_path, IMPORTPATCH_ENABLE="vllm-ban-token-ids,hello-sampler,my-tool-parser",
         IMPORTPATCH_BANNED_TOKEN_IDS=str(BANNED), IMPORTPATCH_TEST_TAG=tag,
-        IMPORTPATCH_PATH=str(ROOT / "docs" / "examples" / "patches"),
+        IMPORTPATCH_PATH=str(examples / "patches"), PYTHONPATH=str(examples),
     )
-    server = Server(model_dir, env=env, log=tmp_path / "server.log")
+    server = Server(model_dir, env=env, log=tmp_path / "server.log", extra_args=TOOL_ARGS)
     try:
         try:
             server.wait_ready(timeout=300)
@@ -236,8 +248,14 @@ def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
         # Same prompt, same greedy model: the server's text is the patched LLM() text, not vanilla.
         assert text == runs["patched"]["result"]["texts"][0]
         assert text != runs["vanilla"]["result"]["texts"][0]
+        message = server.chat("the weather in paris", tools=[WEATHER_TOOL], tool_choice="auto")
     finally:
         server.stop()
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather", message
+    assert "text" in json.loads(call["function"]["arguments"]), message
+    assert f"EchoToolParser made in process {server.proc.pid}\n" in \
+        (tmp_path / "server.log").read_text()
     deadline = time.monotonic() + 30  # EngineCore and Worker exit after the server (busy machine)
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -246,6 +264,7 @@ def test_vllm_serve_runs_patched_worker_and_stops_cleanly(
     pid = server.proc.pid
     in_server = {(e["patch"], e["target"], e["how"]) for e in applied if e["pid"] == pid}
     assert ("vllm-cpu-cli", "vllm.entrypoints.cli.main", "source-diff") in in_server
+    assert ("my-tool-parser", "vllm.tool_parsers", "after-import") in in_server
     assert any(e["patch"] == "vllm-ban-token-ids" and e["pid"] != server.proc.pid for e in applied)
     (worker,) = {e["pid"] for e in read_events(tmp_path / "events")
                  if e["process"].startswith("VllmWorker")}
