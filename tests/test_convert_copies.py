@@ -1,5 +1,5 @@
 """``importpatch convert`` on copies of real vLLM functions as projects write them (issue 37.3):
-the docstring shortened, the comments dropped, locals renamed, the signature on one line. The
+the docstring shortened, the comments dropped, locals renamed, the signature re-wrapped. The
 copy is aligned with the original by statement, so the diff is only the edit, and ``rebase``
 carries it to the next release where a hand-made diff of the same edit goes: clean.
 
@@ -62,7 +62,7 @@ GAUDI_EDIT = [
     "+        token_ranks = batched_count_greater_than(logprobs, token_logprobs)",
 ]
 
-# An RL framework's copied method: its signature on one line, its own docstring and comment.
+# An RL framework's copied method: its signature re-wrapped, its own docstring and comment.
 PAUSE = '''\
 import asyncio
 import warnings
@@ -72,7 +72,8 @@ patch = Patch("rl-pause")
 
 
 @patch.replace("vllm.v1.engine.async_llm:AsyncLLM.pause_generation")
-async def pause_generation(self, *, mode="abort", wait_for_inflight_requests=None, clear_cache=True):
+async def pause_generation(self, *, mode="abort", wait_for_inflight_requests=None,
+                           clear_cache=True):
     """Pause generation while the trainer syncs the weights."""
     if wait_for_inflight_requests:
         warnings.warn(
@@ -125,7 +126,8 @@ def run_cli(*args: str, env: dict[str, str], rc: int | None = 0
 
 def changes(diff: str) -> list[str]:
     """The changed lines of a diff (its +/- lines, the file headers aside)."""
-    return [x for x in diff.splitlines() if x[:1] in ("+", "-") and not x.startswith(("+++", "---"))]
+    return [x for x in diff.splitlines()
+            if x[:1] in ("+", "-") and not x.startswith(("+++", "---"))]
 
 
 def convert(name: str, copy: str, wheel: str, env: dict[str, str], tmp_path: Path) -> Path:
@@ -155,7 +157,7 @@ def test_vllm_gaudis_copy_converts_to_just_its_edit(
 
 def test_an_rl_frameworks_copied_method_converts_to_a_diff_that_rebases_clean(
         wheels: dict[str, str], env: dict[str, str], tmp_path: Path) -> None:
-    """The copy writes its signature on one line and its own docstring; 0.32.0 changed both
+    """The copy writes its signature on two lines and its own docstring; 0.32.0 changed both
     (``wait_for_inflight_requests`` removed). A diff that rewrote them conflicted on rebase; the
     diff of only the edit, the hunk one would write by hand, carries clean."""
     made = convert("rl-pause", PAUSE, wheels[OLD], env, tmp_path)

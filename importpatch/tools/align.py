@@ -99,7 +99,8 @@ def _stripped(node: ast.AST, names: dict[str, str], erase: bool = False) -> ast.
             sub.id = "_"
         if erase and isinstance(sub, ast.arg):
             sub.arg = "_"
-    return _Renamer(names).visit(clone)
+    renamed: ast.AST = _Renamer(names).visit(clone)
+    return renamed
 
 
 def _has_blocks(node: ast.AST) -> bool:
@@ -163,7 +164,7 @@ def renames(base: ast.FunctionDef | ast.AsyncFunctionDef,
     votes: dict[str, Counter[str]] = {}
 
     def vote(a: ast.AST, b: ast.AST) -> None:
-        for x, y in zip(ast.walk(a), ast.walk(b)):
+        for x, y in zip(ast.walk(a), ast.walk(b), strict=False):  # the same shape
             if isinstance(x, ast.Name) and isinstance(y, ast.Name):
                 votes.setdefault(y.id, Counter())[x.id] += 1
             elif isinstance(x, ast.arg) and isinstance(y, ast.arg):
@@ -175,7 +176,7 @@ def renames(base: ast.FunctionDef | ast.AsyncFunctionDef,
                                       [header_key(s, {}, True) for s in c], autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
-            for x, y in zip(b[i1:i2], c[j1:j2]):
+            for x, y in zip(b[i1:i2], c[j1:j2], strict=True):
                 vote(_stripped(x, {}), _stripped(y, {}))
     own, theirs = _locals(copy), _locals(base)
     out: dict[str, str] = {}
@@ -216,7 +217,7 @@ def rename_text(text: str, names: dict[str, str]) -> str:
 
 def _first_line(node: ast.AST) -> int:
     decorators = getattr(node, "decorator_list", None) or []
-    return min([getattr(node, "lineno", 0), *(d.lineno for d in decorators)])
+    return int(min([getattr(node, "lineno", 0), *(d.lineno for d in decorators)]))
 
 
 @dataclasses.dataclass
@@ -292,7 +293,7 @@ class _Aligner:
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             at = getattr(base[i1 - 1], "end_lineno", after) if i1 else after
             if tag == "equal":
-                for b, c in zip(base[i1:i2], copy[j1:j2]):
+                for b, c in zip(base[i1:i2], copy[j1:j2], strict=True):
                     if key(b, {}) != key(c, self.names):
                         self.inside(b, c)
             elif (tag == "replace" and i2 - i1 == j2 - j1 == 1 and type(base[i1]) is
@@ -304,7 +305,8 @@ class _Aligner:
     def header(self, base: ast.AST, copy: ast.AST) -> bool:
         """Replace just the header of a compound statement (its blocks aligned after); False
         when its lines cannot be told apart from its body's."""
-        b_end, c_end = self._header_end(base), self._header_end(copy)
+        b_end = self._header_end(base, self.base.lines)
+        c_end = self._header_end(copy, self.copy.lines)
         if b_end is None or c_end is None:
             return False
         first = getattr(base, "lineno", 0)
@@ -317,13 +319,18 @@ class _Aligner:
         return True
 
     @staticmethod
-    def _header_end(node: ast.AST) -> int | None:
+    def _header_end(node: ast.AST, lines: Sequence[str]) -> int | None:
+        """The last line of a compound statement's header (comments under it: its body's)."""
         body = getattr(node, "body", None) or []
-        if not body or body[0].lineno <= getattr(node, "lineno", 0):
+        first = getattr(node, "lineno", 0)
+        if not body or body[0].lineno <= first:
             return None
         if isinstance(node, ast.If) and node.orelse:  # an elif / else line is its own header
             return None
         end = _first_line(body[0]) - 1
+        while end > first and (not lines[end - 1].strip()
+                               or lines[end - 1].strip().startswith("#")):
+            end -= 1
         return end
 
     def inside(self, base: ast.AST, copy: ast.AST) -> None:
@@ -333,8 +340,8 @@ class _Aligner:
             if not b and not c:
                 continue
             if field == "handlers":
-                for hb, hc in zip(b, c):
-                    if header_key(hb, {}) != header_key(hc, self.names):
+                for hb, hc in zip(b, c, strict=False):
+                    if len(b) != len(c) or header_key(hb, {}) != header_key(hc, self.names):
                         self.replace([base], [copy], getattr(base, "col_offset", 0),
                                      _first_line(base) - 1)
                         return
