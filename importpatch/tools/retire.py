@@ -50,7 +50,10 @@ def of_patch(patch: Any, pairs: Sequence[tuple[Op, Any]], source: Source, status
     for op, res in pairs:
         if not _is_copy(op):
             continue
-        why, dropped = copy_verdict(patch, op, res.module, res.file, source)
+        try:
+            why, dropped = copy_verdict(patch, op, res.module, res.file, source)
+        except Exception:  # a verdict's detail only: never a reason for check to fail
+            why, dropped = "", []
         if why:
             whys.append(why)
             settled += 1
