@@ -283,6 +283,41 @@ def test_the_import_warns_once_from_the_cached_digest_and_strict_fails_closed(la
     assert "compiles [] drift []" in again.stdout and warning not in again.stderr
 
 
+RETIRING = '''\
+from importpatch import Patch
+
+patch = Patch("retiring", retire_if=["source contains 'sync_allowed()'", "tgt contains NOPE"])
+
+@patch.wrap("tgt.mod:helper")
+def helper(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+'''
+
+
+@pytest.mark.lab(target={"tgt/__init__.py": V1, "tgt/mod.py": MOD_V1},
+                 patch={"retiring.py": RETIRING})
+def test_check_and_status_report_a_patchs_retire_if_on_the_installed_source(lab: Lab) -> None:
+    """The patch's stated fact, read from the target's source (never run): false on 1.0, true
+    once the installed release has `with sync_allowed():` (2.0)."""
+    status, report = check_json(lab, "retiring")
+    assert report["patches"][0]["retire"] == ""  # type: ignore[index]
+    events = lab.root / "events"
+    lab.ok("import tgt.mod", enable="retiring", env={"IMPORTPATCH_EVENTS_DIR": str(events)})
+    status, out, err = cli(lab, "status", "--events-dir", str(events))
+    assert status == 0 and "upstream already has" not in out, out + err
+    upgrade(lab)
+    status, report = check_json(lab, "retiring")
+    said = ("upstream has this change: retire the patch (retire_if: source contains "
+            "'sync_allowed()' holds in installed packages")
+    assert report["patches"][0]["retire"].startswith(said)  # type: ignore[index]
+    status, out, err = cli(lab, "status", "--events-dir", str(events), "--json")
+    ((name, detail),) = [(r["patch"], r["detail"]) for r in json.loads(out)["retire"]]
+    assert name == "retiring" and detail.startswith(said)
+    status, out, err = cli(lab, "status", "--events-dir", str(events))
+    assert "upstream already has (installed here): retiring: upstream has this change" in \
+        " ".join(out.split())
+
+
 def test_doctor_and_status_mention_drift_of_enabled_patches(lab: Lab) -> None:
     pin_all(lab)
     upgrade(lab)
@@ -417,6 +452,17 @@ def test_a_copied_replace_converts_to_a_diff_of_the_edit_that_rebase_carries(
     applied = lab.ok("import tgt.mod, inspect; print(inspect.getsource(tgt.mod.Sampler.gather))",
                      enable=made.stem, env={**env, "PYTHONPATH": str(_unpacked(new, tmp_path))})
     assert "with sync_allowed" in applied.stdout and "mark(" not in applied.stdout
+
+
+@pytest.mark.lab(target={"tgt/__init__.py": '__version__ = "1.0"\n', "tgt/mod.py": COPIED_V1},
+                 patch={"copied.py": COPY}, venv="rebase_venv")
+def test_convert_base_installed_reads_this_interpreters_packages(lab: Lab) -> None:
+    """``--base installed`` as ``rebase --to installed``: the original is the installed one
+    (refused before, with an error naming ``--against``)."""
+    status, out, err = cli(lab, "convert", "copied", "--base", "installed", "--dry-run")
+    assert status == 0, out + err
+    assert changed_lines(out) == ["-        mark(logprobs)", "-        mark(token_ids)"]
+    assert "Base: tgt==1.0" in out
 
 
 def changed_lines(diff: str) -> list[str]:

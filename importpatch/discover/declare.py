@@ -56,6 +56,28 @@ MARKER_VARS = (
 )
 
 
+def retire_condition(text: str) -> tuple[str, str] | None:
+    """``(where, needle)`` of a ``retire_if`` condition, ``"WHERE contains TEXT"``: WHERE is
+    ``source`` (the patch's target modules) or a dotted module; TEXT as written, or a quoted Python
+    string (then unquoted); None when it is not one."""
+    import ast
+    import re
+
+    m = re.fullmatch(r"\s*([\w.]+)\s+contains\s+(.+?)\s*", text, re.S)
+    if m is None:
+        return None
+    needle = m.group(2)
+    if needle[:1] in "'\"":
+        try:
+            value = ast.literal_eval(needle)
+        except (ValueError, SyntaxError):
+            return None
+        if not isinstance(value, str):
+            return None
+        needle = value
+    return (m.group(1), needle) if needle else None
+
+
 def split_requires(text: str) -> list[str]:
     """``"vllm>=0.30; platform_machine == 'x86_64'; torch>=2"`` -> ``["vllm>=0.30;
     platform_machine == 'x86_64'", "torch>=2"]``: requirements separated by ``;``, each with the
@@ -139,6 +161,10 @@ class Patch:
     ``default``: on after ``pip install`` without any environment variable.
     ``on_error``: ``"fail"`` (default: the target's import raises ``PatchError``) or ``"warn"``
     (log, skip this patch, import the module unpatched).
+    ``retire_if``: the fact(s) that make the patch unneeded, ``"source contains TEXT"`` (a module
+    the patch targets) or ``"MODULE contains TEXT"`` (TEXT: as written, or a quoted Python
+    string); read from the target's source, never run, by ``check`` and ``status``, which then
+    say "upstream has this change: retire the patch" (``importpatch/tools/retire.py``).
     """
 
     def __init__(
@@ -149,6 +175,7 @@ class Patch:
         default: bool = False,
         on_error: str = "fail",
         doc: str = "",
+        retire_if: str | list[str] | tuple[str, ...] | None = None,
     ) -> None:
         if not name or not all(c.isalnum() or c in "-_." for c in name):
             raise DeclarationError(f"patch name {name!r}: use letters, digits, - _ .")
@@ -163,6 +190,12 @@ class Patch:
         self.default = bool(default)
         self.on_error = on_error
         self.doc = doc
+        conditions = [retire_if] if isinstance(retire_if, str) else list(retire_if or ())
+        for condition in conditions:
+            if retire_condition(condition) is None:
+                raise DeclarationError(f"patch {name}: retire_if {condition!r}: write "
+                                       "'source contains TEXT' or 'MODULE contains TEXT'")
+        self.retire_if: tuple[str, ...] = tuple(conditions)
         self.base: str | None = None  # a diff file's "Base:" header: the release it was made on
         self.ops: list[Op] = []
         self.source = "<python>"  # file or entry point it was discovered in; set by the catalog
@@ -432,7 +465,7 @@ class Patch:
 # Max-Offset and Unidiff-Zero are Patch.diff's max_offset and unidiff_zero.
 HEADER_KEYS = (
     "name", "base", "requires", "default", "on-error", "candidates", "summary", "max-offset",
-    "unidiff-zero",
+    "unidiff-zero", "retire-if",
 )
 _BOOLEANS = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
 
@@ -502,6 +535,7 @@ def patch_from_diff_file(path: str, text: str | None = None) -> Patch:
         default=boolean("default", "off"),
         on_error=(header.get("on-error") or ["fail"])[0].lower(),
         doc=(header.get("summary") or [""])[0],
+        retire_if=header.get("retire-if") or None,
     )
     patch._diff_ops(parsed, candidates, max_offset, boolean("unidiff-zero", "no"), path)
     bases = header.get("base")

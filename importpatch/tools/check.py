@@ -138,6 +138,8 @@ class PatchResult:
     base: str | None = None  # a diff patch's Base: header (the release it was made on)
     suggestion: str = ""  # what to run when a diff does not fit but its base is known
     drift: str = ""  # the worst drift verdict of its ops (tools/pinning.py); "": none pinnable
+    retire: str = ""  # "upstream has this change: retire the patch (why)" (tools/retire.py)
+    upstream_added: list[str] = dataclasses.field(default_factory=list)  # what a copy drops
 
     @property
     def active(self) -> bool:
@@ -714,6 +716,10 @@ def _check_entry(
     _drift(patch, pairs, checker.source, result)
     result.ops = [r for _, r in pairs]
     result.status = _status(result)
+    from importpatch.tools import retire  # upstream has it already (issue 37.5)
+
+    verdict = retire.of_patch(patch, pairs, checker.source, result.status)
+    result.retire, result.upstream_added = verdict.retire, verdict.dropped
     result.base = patch.base
     src = checker.source
     where = "installed" if src.kind == "installed" else src.path

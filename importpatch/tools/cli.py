@@ -64,7 +64,10 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                                "symbol": null | {"qualname", "found": bool, "kind", "line"},
                                "order": int|null, "decorated": bool|null,
                                "chain": LINK|null, "drift": DRIFT|null}],
-                      "drift": "unchanged"|"changed"|"moved"|"inherited"|"gone"|"unpinned"|""}],
+                      "drift": "unchanged"|"changed"|"moved"|"inherited"|"gone"|"unpinned"|"",
+                      "retire": "upstream has this change: retire the patch (why)"|"",
+                      "upstream_added": ["target: line"] (what a pinned copy drops that
+                                        upstream added since its base)}],
          DRIFT = {"verdict": "unchanged"|"changed"|"moved"|"inherited"|"gone"|"unpinned", "pinned",
                   "against", "module", "qualname", "diff" (upstream's, pinned -> against),
                   "added": [str], "removed": [str] (a class's members), "candidates": [str]
@@ -84,7 +87,8 @@ status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "
                               "detail"}}, "never_applied": [name],
          "defaults_not_applied": {name: {as in requested}} (on by default, not requested: a
                                  target module missing, applied nowhere),
-         "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said)}
+         "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said),
+         "retire": [{"patch", "detail"}] (its retire_if holds in the installed packages)}
          FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
          (a started event also has "requested" and "on": [name])
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
@@ -394,6 +398,10 @@ def check_lines(p: Any, style: Style) -> list[str]:
         then = ("skips it (on_error=warn)" if p.on_error == "warn"
                 else "fails the import of its target")
         lines.append(f"    {'upstream':16}the change is in this version; the import hook {then}")
+    if p.retire:
+        lines.append(f"    {'upstream':16}{p.retire}")
+    lines += [f"    {'upstream':16}the copy drops what upstream added since its base: {line}"
+              for line in p.upstream_added]
     for op in p.ops:
         kind = op.kind if len(op.kind) < 10 else f"{op.kind} "  # (after_import: 12 letters)
         lines.append(f"    {kind:10}{style.status(op.status):5} {op.target}")
@@ -870,11 +878,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     defaults: dict[str, dict[str, Any]] = {}
     requested = requested_fates(procs, defaults)
     never = sorted(n for n, r in requested.items() if not r["applied_anywhere"])
+    from importpatch.tools.retire import installed_retired
+
+    retired = installed_retired(patches)  # a patch's retire_if, on the installed source
     if args.json:
         emit_json({"events_dir": os.path.abspath(folder), "processes": roots,
                    "patches": patches, "requested": requested, "never_applied": never,
                    "defaults_not_applied": defaults,
                    "drift": [{"patch": p, "detail": d} for p, d in drift_events(procs)],
+                   "retire": [{"patch": p, "detail": d} for p, d in retired],
                    "bad_lines": bad})
         return 0
     style = Style(sys.stdout)
@@ -906,6 +918,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines += ["", style.status("warn", "pinned originals that changed (importpatch check "
                                            "NAME shows upstream's diff):")]
         lines += [f"    {name}: {detail}" for name, detail in drift]
+    if retired:
+        lines += ["", style.status("warn", "upstream already has (installed here):")]
+        lines += [f"    {name}: {detail}" for name, detail in retired]
     if bad:
         lines.append(f"{bad} line(s) could not be read (not JSON or missing keys)")
     emit(lines)
@@ -1588,7 +1603,8 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--target", metavar="MODULE:QUALNAME",
                    help="the replace to convert, when the patch has several")
     o.add_argument("--base", metavar="WHERE",
-                   help="the release the copy was made from (default: its pin's release)")
+                   help="the release the copy was made from: .whl, .tar.gz sdist, folder, "
+                        "NAME==VERSION or 'installed' (default: its pin's release)")
     o.add_argument("--as", dest="new_name", metavar="NEW",
                    help="the diff patch's name (default: NAME-FUNCTION)")
     o.add_argument("--out", metavar="PATH",

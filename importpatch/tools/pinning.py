@@ -562,18 +562,21 @@ class Converted:
     text: str  # the diff patch's text
     base: str  # the release it is made against
     target: str  # the replace it comes from
-    similarity: float  # how much of the original the copy keeps (difflib ratio)
+    similarity: float  # how much of the original's statements the copy keeps (difflib ratio)
 
 
 def convert(patch_name: str, *, target: str | None = None, name: str | None = None,
             base: str | None = None, out: str | None = None, dry_run: bool = False,
             min_similarity: float = 0.6) -> Converted:
     """The source diff of just the user's edit in a ``replace`` whose function is an edited copy
-    of the original: the copy (its name made the original's) put where the original is, in the
-    module of ``base`` (default: the release of its pin), diffed against that module. ``rebase``
-    then carries it by 3-way merge. The replace is left in its file: remove it there."""
+    of the original, in the module of ``base`` (default: the release of its pin; ``installed``:
+    this interpreter's packages). The copy is aligned with the original by statement
+    (``tools/align.py``): its shortened docstring, dropped comments, renamed locals and re-written
+    ``def`` line are not the edit, and the diff neither adds nor removes them; only the statements
+    the copy changed (and the signature, when it really changed) are. ``rebase`` then carries it
+    by 3-way merge. The replace is left in its file: remove it there."""
     from importpatch.rewrite import diffs
-    from importpatch.tools import authoring
+    from importpatch.tools import align, authoring
     from importpatch.tools.packages import open_source
 
     broken: list[tuple[str, str, str]] = []
@@ -597,7 +600,8 @@ def convert(patch_name: str, *, target: str | None = None, name: str | None = No
         raise UsageError(f"{op.target} is not pinned: the release it was copied from is unknown",
                          "run 'importpatch pin NAME --against THAT_RELEASE', or pass --base")
     spec = base or f"{pin.dist}=={pin.version}"  # type: ignore[union-attr]
-    source = open_source(spec)
+    # --base installed: this interpreter's packages, as 'rebase --to installed'
+    source = InstalledSource() if spec == "installed" else open_source(spec, option="--base")
     found = next(((m, f) for m in op.modules if (f := source.find(m))), None)
     if found is None:
         raise UsageError(f"{op.target}: the module is not in {source.label}", "")
@@ -613,18 +617,16 @@ def convert(patch_name: str, *, target: str | None = None, name: str | None = No
         raise UsageError(f"{op.target}: the original in {source.label} is not the pinned one",
                          "pass --base with the release the copy was made from")
     copy = _copy_text(op, node.name)
-    import difflib
-
-    first = node.lineno  # the def line: the original's decorators stay as they are
-    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
-    own = "".join(lines[first - 1:node.end_lineno])
-    placed = "".join(f"{indent}{x}" if x.strip() else x
-                     for x in copy.splitlines(keepends=True))
-    ratio = difflib.SequenceMatcher(None, own, placed).ratio()
+    copy_fn = align.function_of(ast.parse(copy))
+    assert copy_fn is not None  # _copy_text read a function
+    # By statement: the copy's shortened docstring, dropped comments and renamed locals are no
+    # part of the edit; the diff changes only the statements (and signature) it changed.
+    aligned = align.align(lines, node, copy.splitlines(keepends=True), copy_fn)
+    ratio = aligned.kept
     if ratio < min_similarity:
-        raise UsageError(f"{op.target}: the replacement keeps {ratio:.0%} of the original: not "
-                         "an edited copy of it", "a rewrite stays a replace")
-    new_text = "".join(lines[:first - 1]) + placed + "".join(lines[node.end_lineno or first:])
+        raise UsageError(f"{op.target}: the replacement keeps {ratio:.0%} of the original's "
+                         "statements: not an edited copy of it", "a rewrite stays a replace")
+    new_text = "".join(aligned.apply(lines))
     rel = file_rel(module, file)
     body = diffs.make_diff(text, new_text, rel)
     if not body:
