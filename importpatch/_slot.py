@@ -1,11 +1,12 @@
-"""importpatch's slot on ``sys.meta_path`` and the stamps' format: what every way the hook starts
+"""importpatch's slot on ``sys.meta_path``: what every way the hook starts
 shares (the ``.pth`` line's waiting finder in ``_pth_on``, ``_boot``'s finders, the PatchFinder in
 ``load/finder.py``), in one place. A shared basic: it imports nothing of importpatch.
 
-The ``.pth`` line executes this module's compiled code as it does ``_pth_on``'s and registers it
-as ``importpatch._slot`` (see importpatch/_pth.py), so the classes below exist once per process
-whichever way they were reached. Comments, not docstrings, below: every process that waits
-unmarshals this code, and a docstring is a string in it.
+Where a process waits, ``_pth_on.slot_module`` executes this module's compiled code as the
+``.pth`` line does ``_pth_on``'s and registers it as ``importpatch._slot``, so the classes below
+exist once per process whichever way they were reached; a process that waits for nothing never
+loads it. Comments, not docstrings, below: every process that waits unmarshals this code, and a
+docstring is a string in it.
 """
 
 import sys
@@ -13,34 +14,6 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-
-# The check of a stamp's whole body: a number the body's bytes give in C (no import, no loop in
-# Python). A truncated, extended or flipped body fails it, so the list of packages a process
-# waits for is never a part of the one written (a torn write, a full disk, a stray editor).
-STAMP_CHECK = (1 << 61) - 1
-
-
-def stamp_check(body: bytes) -> bytes:
-    return b"%d" % (int.from_bytes(body, "little") % STAMP_CHECK)
-
-
-# The fields of a listing or enabled stamp (``_boot.stamp_bytes`` writes both): the variables'
-# text ("" in a listing stamp), the watched paths' signature lines, ``sys.path`` as site left it
-# in the writer (one entry per line), the packages to wait for; None where the body fails its
-# check or is not of that shape. (Comments, not docstrings, below: every process that waits
-# unmarshals this code, and a docstring is a string in it.)
-def stamp_fields(data: bytes) -> "tuple[str, str, str, frozenset[str]] | None":
-    body, sep, check = data.rpartition(b"\0")
-    if not sep or check != stamp_check(body):
-        return None
-    fields = body.decode("utf-8", "surrogateescape").split("\0")
-    if len(fields) != 4:
-        return None
-    tops = frozenset(fields[3].split())  # (none: nothing is on, in an enabled stamp)
-    if not all(top.isidentifier() for top in tops):
-        return None
-    return fields[0], fields[1], fields[2], tops
 
 
 # --- The hook's slot on sys.meta_path (one implementation for every way the hook starts) ---

@@ -553,7 +553,7 @@ def test_a_stamp_that_lists_packages_waits_for_their_first_import(
     # puts '' first after that), the package, the check of the whole body.
     made = venv.run(textwrap.dedent("""\
         import sys
-        from importpatch._slot import stamp_check
+        from importpatch._pth_on import stamp_check
         body = "\\0".join(("", "", "\\n".join(sys.path[1:]), "tpkg")).encode()
         sys.stdout.buffer.write(body + b"\\0" + stamp_check(body))
         """))

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import sys
 
-from importpatch import _slot  # (the .pth line registered it: no import at a start)
+from importpatch import _slot  # (a waiting process registered it: no import at its start)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
