@@ -234,12 +234,21 @@ def wrapping(original: Any, wrapper: Any, module: str, qualname: str, kind: str)
     """A Python function calling ``wrapper`` with wrapt's arguments, named as the target (pickle
     finds it by name), with the original's ``__doc__``, ``__dict__``, ``__annotations__`` and
     ``__wrapped__`` (``inspect.signature`` shows the original's signature)."""
+    # Per call this frame does only what wrapt's convention needs (issue 35): it packs the
+    # arguments (``*args, **kwargs``) and calls the wrapper; a method also binds the original.
+    # ``bind`` is the original's ``__get__`` taken once here: per call ``bind(self)`` is one C
+    # call making the bound method, where ``original.__get__(self, type(self))`` looked up
+    # ``__get__``, called ``type`` and passed two arguments (+3,007 -> +2,576 instructions a
+    # call on 3.11). The original is always a Python function here, whose ``__get__`` ignores
+    # the owner: the same bound method (a classmethod's function: bound to the class).
     if kind == FUNCTION:
         def call(*args: Any, **kwargs: Any) -> Any:
             return wrapper(original, None, args, kwargs)
     else:
+        bind = original.__get__
+
         def call(self: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
-            return wrapper(original.__get__(self, type(self)), self, args, kwargs)
+            return wrapper(bind(self), self, args, kwargs)
 
     functools.update_wrapper(call, original)
     call.__module__, call.__qualname__ = module, qualname
