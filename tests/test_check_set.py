@@ -118,7 +118,7 @@ def test_list_check_doctor_and_status_say_one_word_per_patch(lab: Lab, with_wrap
     words = {
         "list": {r["name"]: r["verdict"] for r in listed["patches"] if r["name"] in on},
         "check": {p["name"]: p["status"] for p in checked["patches"] if p["name"] in on},
-        "doctor": {n: w for n, w in doctor["verdicts"].items() if n in on},
+        "doctor": {v["patch"]: v["verdict"] for v in doctor["verdicts"] if v["patch"] in on},
         "status": {n: t["verdict"] for n, t in status["patches"].items() if n in on},
     }
     expected = {BLOG: "fail", WRAP: "ok"} if with_wrap else {BLOG: "ok"}

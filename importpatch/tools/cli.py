@@ -119,7 +119,8 @@ doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null,
          "env": {name: value}, "cache": {"root", "problem": str|null, "files", "bytes"},
          "default_on": [str], "vllm_compile_cache_key": {"keyed": bool, "factor": str|null,
          "says"}|null, "notes": [str], "warnings": [str],
-         "verdicts": {name: check's word} (the active patches), "problems": [str], "ok": bool}
+         "verdicts": [{"patch", "verdict"}] (check's word for each active patch),
+         "problems": [str], "ok": bool}
 cache:  {"root": str|null, "problem": str|null, "files", "bytes",
          "areas": {"code"|"src"|"catalog"|"s": {"files", "bytes"}}, "max_bytes",
          "releases": {"folder", "files", "bytes"} (not in the totals),
@@ -1286,7 +1287,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                                            "state": state_word, "why": why},
             "env": env, "cache": cache, "default_on": default_on,
             "vllm_compile_cache_key": compile_key, "notes": notes,
-            "warnings": warnings, "verdicts": words,
+            "warnings": warnings,
+            "verdicts": [{"patch": n, "verdict": w} for n, w in sorted(words.items())],
             "problems": problems, "ok": ok,
         })
         return 0 if ok else 1
