@@ -927,7 +927,9 @@ def _conflicts(
     active = [r for r in results if r.active and r.status == OK]
     # (one landing: a definition-site replace and an in-place one are _landing's conflict)
     replacing: dict[tuple[str, str, bool, str], list[str]] = {}
-    adding: dict[tuple[str, str], list[str]] = {}  # a name added twice: the second "already exists"
+    # a name added twice: the later "already exists" (at the definition site by patch name, then
+    # in place)
+    adding: dict[tuple[str, str], list[tuple[bool, str]]] = {}
     code_ops: dict[tuple[str, str], list[declare.Op]] = {}
     for r in active:
         for op, res in patch_ops[r.name]:
@@ -937,26 +939,31 @@ def _conflicts(
                 key = (res.module, op.qualname, op.decorated, r.landing)
                 replacing.setdefault(key, []).append(r.name)
             elif op.kind == ADD and op.qualname:
-                adding.setdefault((res.module, op.qualname), []).append(r.name)
+                adding.setdefault((res.module, op.qualname), []).append(
+                    (r.landing == IN_PLACE, r.name))
             elif op.kind in CODE_KINDS:
                 code_ops.setdefault((res.module, res.file), []).append(op)
     conflicts: list[dict[str, Any]] = []
     for (module, qual, _, _), names in replacing.items():
         unique = sorted(set(names))
         if len(unique) > 1:
+            # the import fails the first by name (activation._check_conflicts), then plans the
+            # module again without it (on_error=warn): the last by name is the one that applies
             conflicts.append({
                 "kind": "replace", "module": module, "qualname": qual, "patches": unique,
+                "refused": unique[:-1],
                 "detail": f"{' and '.join(unique)} both replace {module}:{qual}",
             })
-    for (module, qual), names in adding.items():
-        unique = sorted(set(names))
-        if len(unique) > 1:
-            # the first by name lands (activation.op_order), the others find it there
+    for (module, qual), landed in adding.items():
+        in_order = [name for _, name in sorted(set(landed))]
+        if len(in_order) > 1:
+            # the first to land adds it (activation.op_order), the others find it there
+            unique = sorted(in_order)
             conflicts.append({
                 "kind": "add", "module": module, "qualname": qual, "patches": unique,
-                "refused": unique[1:],
+                "refused": in_order[1:],
                 "detail": f"{' and '.join(unique)} both add {module}:{qual} (the import fails "
-                          f"{' and '.join(unique[1:])}: already exists); enable one of them",
+                          f"{' and '.join(in_order[1:])}: already exists); enable one of them",
             })
     for (module, file), ops in code_ops.items():
         if len({op.patch.name for op in ops}) < 2:
@@ -964,15 +971,27 @@ def _conflicts(
         from importpatch.errors import PatchError
         from importpatch.rewrite import transforms
 
-        try:
-            transforms.patch_text(module, file, source.text(file), ops)
-        except PatchError as exc:
-            names = sorted({op.patch.name for op in ops})
-            # the import applies the others and fails the one that does not fit on them
+        # The import fails the change that does not fit on the others and (on_error=warn) goes
+        # on without it: so, until the rest stacks.
+        names = sorted({op.patch.name for op in ops})
+        refused: list[str] = []
+        first: PatchError | None = None
+        while ops:
+            try:
+                transforms.patch_text(module, file, source.text(file), ops)
+                break
+            except PatchError as exc:
+                first = first or exc
+                refused.append(exc.patch)
+                rest = [op for op in ops if op.patch.name != exc.patch]
+                if len(rest) == len(ops):  # (not one of them: nothing more to learn)
+                    break
+                ops = rest
+        if first is not None:
             conflicts.append({
                 "kind": "stacking", "module": module, "qualname": None, "patches": names,
-                "refused": [exc.patch],
-                "detail": f"each applies alone, but not together ({exc.patch}: {exc.what})",
+                "refused": refused,
+                "detail": f"each applies alone, but not together ({first.patch}: {first.what})",
             })
     by_name = {r.name: r for r in results}
     for c in conflicts:
