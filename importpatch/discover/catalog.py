@@ -88,10 +88,11 @@ if TYPE_CHECKING:
     from importpatch.discover.declare import Patch
 
 GROUP = "importpatch.patches"
-INDEX_FORMAT = 7  # 7: a broken file's entries carry the names and targets its text states
+INDEX_FORMAT = 8  # 8: each entry carries its operations (``ops``); 7: a broken file's entries
+# carry the names and targets its text states
 _FIELDS = (
     "name", "origin", "source", "file", "requires", "default", "on_error", "modules", "targets",
-    "kinds", "doc", "error", "unsure", "defined",
+    "kinds", "doc", "error", "unsure", "defined", "ops",
 )
 # A file modified this close to the moment its signature was taken may change again without
 # changing its timestamp (coarse file-system clocks): such an index is not written.
@@ -119,6 +120,10 @@ class Entry:
     # "module:Qualname" of an importpatch.integrations.compat patch class with a string target: a
     # process that needs it imports that module instead of calling the entry point's function again.
     defined: str | None
+    # Each operation as (kind, target, order, decorated), in declaration order: what ``check``
+    # judges an in-place patch by (``in_place_only``: its declaration is not run again there,
+    # since that would import its target). None where the declaration did not run.
+    ops: tuple[tuple[str, str, int, bool], ...] | None
 
     def __init__(self, **fields: Any) -> None:
         for name in _FIELDS:
@@ -144,6 +149,7 @@ class Entry:
             modules=tuple(dict.fromkeys(modules)), targets=tuple(op.target for op in patch.ops),
             kinds=tuple(patch.kinds), doc=patch.doc, error=error,
             defined=getattr(patch, "class_path", None), _patch=None if error else patch,
+            ops=tuple((op.kind, op.target, op.order, op.decorated) for op in patch.ops),
         )
 
     def __repr__(self) -> str:
@@ -1026,7 +1032,7 @@ def _entries_of_entry_point(
 # Source -> record: the last scan's (read from ``<index>.reuse``), and this scan's.
 _reuse: dict[str, tuple[Any, ...]] = {}
 _bases: dict[str, tuple[Any, ...]] = {}
-REUSE_FORMAT = 1
+REUSE_FORMAT = 2  # 2: entries carry ``ops``
 
 
 class _Reads:

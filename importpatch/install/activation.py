@@ -588,6 +588,53 @@ def conflict(replacing: list[Op]) -> str:
             f"{replacing[0].qualname}; enable one of them")
 
 
+# What makes a refused late landing land: the advice of ``landing_refusal`` for a patch enabled
+# after its target was imported (late activation) ...
+TOGETHER = "enable them together (one enable() call, or IMPORTPATCH_ENABLE at interpreter start)"
+# ... and for one applied in place because its own declaration imports its target
+# (late.apply_own_import): both are on from interpreter start already, so "together" cannot be
+# followed; landing at the definition site puts both in one chain.
+IN_PLACE_FIX = ("land it at the definition site, where one import builds the whole chain: "
+                "delete its declaration's module-level import of the target (import it inside "
+                "the function that uses it) and give the target as a string (a saved original "
+                "becomes a wrap: Patch.wrap hands it to you); or enable only one of them")
+
+
+def landing_refusal(op: Op, earlier: list[Op], fix: str = TOGETHER) -> str:
+    """Why ``op`` cannot land on a module on top of ``earlier``, the operations that landed on it
+    before (in the order applied), or "": the one rule late activation and the in-place landing of
+    a package that imports its own target apply (``late.apply_in_place``), and that ``importpatch
+    check`` judges a whole set by. Invariant: a later operation lands only where the target's
+    chain ends up as one activation of all of them would have made it. ``fix``: what to do
+    instead, from where the user stands (``TOGETHER``, ``IN_PLACE_FIX``)."""
+    if op.kind not in (*CHAIN_KINDS, SET):
+        return ""
+    before = [e for e in earlier if e.qualname == op.qualname and e.kind in (*CHAIN_KINDS, SET)
+              and e.patch.name != op.patch.name]
+    if not before:
+        return ""
+    replacing = [e for e in before if e.kind in (REPLACE, SET)]
+    if op.kind in (REPLACE, SET) and replacing:
+        return (conflict([op, replacing[0]]) + f" ({replacing[0].patch.name!r} was applied "
+                "earlier in this process)")
+    above = [e for e in before if e.kind in (SUBCLASS, WRAP)]
+    if op.kind in (REPLACE, SET) and above:
+        listed = " and ".join(repr(e.patch.name) for e in above)
+        kinds = {e.kind for e in above}
+        how = " and ".join(("wrapped" if k == WRAP else "subclassed") for k in sorted(kinds,
+                                                                                   reverse=True))
+        return (f"{op.qualname} is already {how} by {listed} (applied earlier in this "
+                "process); a replace goes beneath the wraps and subclasses, and applying it now "
+                f"would drop them: {fix}")
+    outer = chain([*before, op])[-1]
+    if outer is not op:
+        return (f"the {op.kind} of {op.qualname} by {op.patch.name!r} goes inside the "
+                f"{outer.kind} of {outer.patch.name!r} (by decorated, kind, order, then patch "
+                "name), which was applied earlier in this process; applying it now would put it "
+                f"outside: {fix}")
+    return ""
+
+
 def resolve(namespace: dict[str, Any], qual: str, plan: ModulePlan) -> tuple[Any, Any]:
     """(owner, raw value) of ``qual``; raw means as stored, e.g. a staticmethod object."""
     parts = qual.split(".")

@@ -128,7 +128,12 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op], hook_how: s
     before = {q: _raw(namespace, q) for q in plan.sites}
     seen = len(events.events())
     if plan.ops:
-        apply_in_place(plan, namespace, source_tree(module))
+        from importpatch.install.activation import IN_PLACE_FIX
+
+        # in place at its own import's end: on from interpreter start, so only landing at the
+        # definition site makes it chain with the patches that landed there
+        apply_in_place(plan, namespace, source_tree(module),
+                       IN_PLACE_FIX if hook_how == "in-place" else None)
     register(plan)
     if plan.hooks:
         # after_import hooks run at once, on the module as patched (a patch refused in place
@@ -414,10 +419,14 @@ def apply_own_import(module: ModuleType, name: str, entries: list[Entry]) -> Non
     for event in events.events()[seen:]:
         if event["outcome"] == "failed" and event["patch"] in failing:
             source = next(e.source for e in entries if e.name == event["patch"])
+            from importpatch.install.activation import IN_PLACE_FIX
+
+            fix = "" if IN_PLACE_FIX in event["detail"] else (
+                ": give the targets as strings and drop that import")
             raise PatchError(
                 event["patch"], name,
                 f"{event['detail']} (applied in place because {source} imports {name} while "
-                "it declares its patches: give the targets as strings and drop that import)",
+                f"it declares its patches{fix})",
                 file=file,
             )
 
@@ -540,15 +549,17 @@ def warn_own_import(entries: list[Entry], module: str) -> None:
 # -- Applying a plan in place (landing at import, redone on a module that already ran) -----------
 
 
-def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module | None
-                   ) -> None:
+def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module | None,
+                   fix: str | None = None) -> None:
     """Patch an already-executed module: the same objects as at import where the source shows
-    how (decorators re-applied: see ``redecorate_plan``), all of a patch or none of it."""
+    how (decorators re-applied: see ``redecorate_plan``), all of a patch or none of it. ``fix``:
+    the advice of a refusal on top of earlier patches (default ``activation.TOGETHER``)."""
     import enum
 
     from importpatch.discover.declare import ADD, SET
     from importpatch.errors import PatchError
     from importpatch.install.activation import (
+        TOGETHER,
         adopt,
         beneath_subclasses,
         chain_links,
@@ -566,7 +577,7 @@ def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module
         assert op.qualname is not None
         owner_qual, _, attr = op.qualname.rpartition(".")
         try:
-            refusal = _after_earlier(op, earlier)
+            refusal = _after_earlier(op, earlier, fix or TOGETHER)
             if refusal:
                 raise LateRefusal(refusal)
             owner = (beneath_subclasses(resolve(namespace, owner_qual, plan)[1]) if owner_qual
@@ -632,39 +643,12 @@ def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module
     plan.finished = True
 
 
-def _after_earlier(op: Op, earlier: list[Op]) -> str:
-    """Why ``op`` cannot land on top of the operations that landed before it, or ""."""
-    from importpatch.discover.declare import CHAIN_KINDS, ORDERED_KINDS, REPLACE, SET, WRAP
-    from importpatch.install.activation import chain, conflict
+def _after_earlier(op: Op, earlier: list[Op], fix: str) -> str:
+    """Why ``op`` cannot land on top of the operations that landed before it, or "" (the rule
+    ``importpatch check`` applies too: ``activation.landing_refusal``)."""
+    from importpatch.install.activation import landing_refusal
 
-    if op.kind not in (*CHAIN_KINDS, SET):
-        return ""
-    before = [e for e in earlier if e.qualname == op.qualname and e.kind in (*CHAIN_KINDS, SET)
-              and e.patch.name != op.patch.name]
-    if not before:
-        return ""
-    together = ("enable them together (one enable() call, or IMPORTPATCH_ENABLE at interpreter "
-                "start)")
-    replacing = [e for e in before if e.kind in (REPLACE, SET)]
-    if op.kind in (REPLACE, SET) and replacing:
-        return (conflict([op, replacing[0]]) + f" ({replacing[0].patch.name!r} was applied "
-                "earlier in this process)")
-    above = [e for e in before if e.kind in ORDERED_KINDS]
-    if op.kind in (REPLACE, SET) and above:
-        listed = " and ".join(repr(e.patch.name) for e in above)
-        kinds = {e.kind for e in above}
-        how = " and ".join(("wrapped" if k == WRAP else "subclassed") for k in sorted(kinds,
-                                                                                   reverse=True))
-        return (f"{op.qualname} is already {how} by {listed} (applied earlier in this "
-                "process); a replace goes beneath the wraps and subclasses, and applying it now "
-                f"would drop them: {together}")
-    outer = chain([*before, op])[-1]
-    if outer is not op:
-        return (f"the {op.kind} of {op.qualname} goes inside the {outer.kind} of "
-                f"{outer.patch.name!r} (by decorated, kind, order, then patch name), which was "
-                "applied earlier in this process; applying it now would put it outside: "
-                f"{together}")
-    return ""
+    return landing_refusal(op, earlier, fix)
 
 
 # -- Late: re-applying the original decorators to a replacement -----------------------------------

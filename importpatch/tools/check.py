@@ -57,6 +57,7 @@ from importpatch.tools.sideeffects import compiled_warnings
 OK, FAIL, SKIP, ABSENT, WARN = verdicts.OK, verdicts.FAIL, verdicts.SKIP, verdicts.ABSENT, \
     verdicts.WARN
 ALREADY_APPLIED = verdicts.ALREADY_APPLIED
+IN_PLACE = "in-place"  # PatchResult.landing of a patch package that imports its own target
 
 
 # -- Symbols in a module's source -----------------------------------------------------------------
@@ -140,6 +141,9 @@ class PatchResult:
     drift: str = ""  # the worst drift verdict of its ops (tools/pinning.py); "": none pinnable
     retire: str = ""  # "upstream has this change: retire the patch (why)" (tools/retire.py)
     upstream_added: list[str] = dataclasses.field(default_factory=list)  # what a copy drops
+    # where its operations land: "definition-site", or "in-place" (a patch package whose
+    # declaration imports its target: applied right after that module ran, catalog.in_place_only)
+    landing: str = "definition-site"
 
     @property
     def active(self) -> bool:
@@ -569,6 +573,7 @@ def _run(
         patch_ops[entry.name] = pairs
     _after_code_changes(results, patch_ops, checker)
     conflicts = _conflicts(results, patch_ops, src)
+    conflicts += _landing(results, patch_ops)
     active = [(op, res.module) for r in results if r.active
               for op, res in patch_ops[r.name] if res.module is not None]
     link_of: dict[int, dict[str, Any]] = {}
@@ -685,9 +690,15 @@ def _check_entry(
     word, why = verdicts.declared(entry, toggles.strict)
     if word == OK:
         # The blog post's layout (its patch module imports the target): it applies, in place.
-        # Checking its operations would import the target: not here.
+        # Running its declaration would import the target: its operations as the index holds
+        # them are checked instead, and judged with the set (``landing_conflicts``).
         result.warnings.append(why)
-        return result, []
+        result.landing, result.on_error = IN_PLACE, entry.on_error
+        patch = in_place_patch(entry)
+        pairs = [(op, checker.op(op)) for op in patch.ops]
+        result.ops = [r for _, r in pairs]
+        result.status = _status(result)
+        return result, pairs
     if word == FAIL:
         result.problems.append(why)
         result.status = FAIL
@@ -734,6 +745,56 @@ def _check_entry(
                              f"excludes this release: rebase carries the diff over from its "
                              f"base, {patch.base}, and sets Requires for it)")
     return result, pairs
+
+
+def in_place_patch(entry: Any) -> declare.Patch:
+    """The operations of an ``in_place_only`` entry as the index recorded them
+    (``catalog.Entry.ops``), without running its declaration (which imports the target): kind,
+    target, order and decorated are what the landing rules read; the objects are stand-ins."""
+    patch = declare.Patch(entry.name, on_error=entry.on_error or "fail")
+    for kind, target, order, decorated in entry.ops or ():
+        mods, _, qual = target.partition(":")
+        patch.ops.append(declare.Op(patch, kind, tuple(mods.split("|")), qual or None,
+                                    obj=_stand_in, decorated=decorated, order=order))
+    return patch
+
+
+def _stand_in(*args: Any, **kwargs: Any) -> None:
+    """The object of an operation ``in_place_patch`` rebuilt (a function, as most are)."""
+
+
+def landing_conflicts(landings: Iterable[tuple[declare.Op, str, str]]) -> list[dict[str, Any]]:
+    """What the import refuses because of *where* the active patches land: ``landings`` holds
+    (op, module it lands on, "definition-site" or "in-place") for every active patch. Operations
+    at the definition site land at the module's import, in one chain; those of a patch package
+    that imports its own target land right after, in place (``late.apply_own_import``), on top of
+    them, by the one rule the import applies (``activation.landing_refusal``: a replace or set
+    above wraps would drop them, a wrap that goes inside one that landed cannot). Each conflict
+    names the in-place patch first (the one refused), the patches it collides with, and the fix
+    that works when both are on from interpreter start (``activation.IN_PLACE_FIX``)."""
+    from importpatch.install.activation import IN_PLACE_FIX, landing_refusal
+
+    at_import: dict[str, list[declare.Op]] = {}
+    in_place: dict[str, list[declare.Op]] = {}
+    for op, module, where in landings:
+        (in_place if where == IN_PLACE else at_import).setdefault(module, []).append(op)
+    out: list[dict[str, Any]] = []
+    for module, ops in sorted(in_place.items()):
+        earlier = at_import.get(module, [])
+        for op in ops:
+            why = landing_refusal(op, earlier, IN_PLACE_FIX)
+            if not why:
+                continue
+            hit = sorted({e.patch.name for e in earlier if e.qualname == op.qualname}
+                         - {op.patch.name})
+            out.append({
+                "kind": "landing", "module": module, "qualname": op.qualname,
+                "patches": [op.patch.name, *hit], "refused": [op.patch.name],
+                "detail": f"{op.patch.name} is applied in place on {module} (its declaration "
+                          f"imports it), after {' and '.join(hit)} landed at the definition "
+                          f"site, and the import refuses it: {why}",
+            })
+    return out
 
 
 def _excludes_this_release(requires: Sequence[str], source: Source) -> bool:
@@ -844,30 +905,71 @@ def _after_code_changes(
                 r.status = _status(r)
 
 
+def _landing(
+    results: list[PatchResult], patch_ops: dict[str, list[tuple[declare.Op, OpResult]]],
+) -> list[dict[str, Any]]:
+    """``landing_conflicts`` of the active patches that would apply; the in-place patch of each
+    fails, as at import (on_error=warn: the hook skips it), the others get a warning."""
+    landings = [(op, res.module, r.landing) for r in results
+                if r.active and r.status in (OK, WARN)
+                for op, res in patch_ops[r.name] if res.module and res.status != FAIL]
+    conflicts = landing_conflicts(landings)
+    by_name = {r.name: r for r in results}
+    for c in conflicts:
+        (refused,), others = c["refused"], c["patches"][1:]
+        by_name[refused].problems.append(f"conflict: {c['detail']}")
+        by_name[refused].status = FAIL
+        for name in others:
+            by_name[name].warnings.append(
+                f"{refused} cannot land on top of it here (see {refused}'s conflict)")
+    return conflicts
+
+
 def _conflicts(
     results: list[PatchResult], patch_ops: dict[str, list[tuple[declare.Op, OpResult]]],
     source: Source,
 ) -> list[dict[str, Any]]:
     """Active patches that replace one symbol, or whose code changes do not stack on a module."""
     active = [r for r in results if r.active and r.status == OK]
-    replacing: dict[tuple[str, str, bool], list[str]] = {}
+    # (one landing: a definition-site replace and an in-place one are _landing's conflict)
+    replacing: dict[tuple[str, str, bool, str], list[str]] = {}
+    # a name added twice: the later "already exists" (at the definition site by patch name, then
+    # in place)
+    adding: dict[tuple[str, str], list[tuple[bool, str]]] = {}
     code_ops: dict[tuple[str, str], list[declare.Op]] = {}
     for r in active:
         for op, res in patch_ops[r.name]:
             if res.module is None or res.file is None:
                 continue
             if op.kind in (REPLACE, SET) and op.qualname:
-                key = (res.module, op.qualname, op.decorated)
+                key = (res.module, op.qualname, op.decorated, r.landing)
                 replacing.setdefault(key, []).append(r.name)
+            elif op.kind == ADD and op.qualname:
+                adding.setdefault((res.module, op.qualname), []).append(
+                    (r.landing == IN_PLACE, r.name))
             elif op.kind in CODE_KINDS:
                 code_ops.setdefault((res.module, res.file), []).append(op)
     conflicts: list[dict[str, Any]] = []
-    for (module, qual, _), names in replacing.items():
+    for (module, qual, _, _), names in replacing.items():
         unique = sorted(set(names))
         if len(unique) > 1:
+            # the import fails the first by name (activation._check_conflicts), then plans the
+            # module again without it (on_error=warn): the last by name is the one that applies
             conflicts.append({
                 "kind": "replace", "module": module, "qualname": qual, "patches": unique,
+                "refused": unique[:-1],
                 "detail": f"{' and '.join(unique)} both replace {module}:{qual}",
+            })
+    for (module, qual), landed in adding.items():
+        in_order = [name for _, name in sorted(set(landed))]
+        if len(in_order) > 1:
+            # the first to land adds it (activation.op_order), the others find it there
+            unique = sorted(in_order)
+            conflicts.append({
+                "kind": "add", "module": module, "qualname": qual, "patches": unique,
+                "refused": in_order[1:],
+                "detail": f"{' and '.join(unique)} both add {module}:{qual} (the import fails "
+                          f"{' and '.join(in_order[1:])}: already exists); enable one of them",
             })
     for (module, file), ops in code_ops.items():
         if len({op.patch.name for op in ops}) < 2:
@@ -875,17 +977,35 @@ def _conflicts(
         from importpatch.errors import PatchError
         from importpatch.rewrite import transforms
 
-        try:
-            transforms.patch_text(module, file, source.text(file), ops)
-        except PatchError as exc:
-            names = sorted({op.patch.name for op in ops})
+        # The import fails the change that does not fit on the others and (on_error=warn) goes
+        # on without it: so, until the rest stacks.
+        names = sorted({op.patch.name for op in ops})
+        refused: list[str] = []
+        first: PatchError | None = None
+        while ops:
+            try:
+                transforms.patch_text(module, file, source.text(file), ops)
+                break
+            except PatchError as exc:
+                first = first or exc
+                refused.append(exc.patch)
+                rest = [op for op in ops if op.patch.name != exc.patch]
+                if len(rest) == len(ops):  # (not one of them: nothing more to learn)
+                    break
+                ops = rest
+        if first is not None:
             conflicts.append({
                 "kind": "stacking", "module": module, "qualname": None, "patches": names,
-                "detail": f"each applies alone, but not together ({exc.patch}: {exc.what})",
+                "refused": refused,
+                "detail": f"each applies alone, but not together ({first.patch}: {first.what})",
             })
     by_name = {r.name: r for r in results}
     for c in conflicts:
+        refused = c.get("refused", c["patches"])
         for name in c["patches"]:
-            by_name[name].problems.append(f"conflict: {c['detail']}")
-            by_name[name].status = FAIL
+            if name in refused:
+                by_name[name].problems.append(f"conflict: {c['detail']}")
+                by_name[name].status = FAIL
+            else:
+                by_name[name].warnings.append(f"conflict: {c['detail']} (this one applies)")
     return conflicts

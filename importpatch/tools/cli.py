@@ -36,7 +36,9 @@ list:   {"patches": [{"name", "kinds": [str], "targets": [str],
                       "enabled": bool, "why", "default": bool, "requires": [str],
                       "requirement_ok": bool, "requirement", "doc", "error": str|null,
                       "declared_in": [str], "verdict": "ok"|"fail"|null (check's word, where
-                      the declaration alone decides it: tools/verdicts.py),
+                      the declaration alone, or the set's landings, decide it:
+                      tools/verdicts.py), "conflict": str (only when set: the landing conflict
+                      that fails an in-place patch package, as check says it),
                       "warnings": [str] (an in-place patch package's, as check says it),
                       "ops": [{"kind", "target", "order": int,
                       "decorated": bool, "original": bool}]}],
@@ -51,7 +53,7 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                       "requires": [str], "requirement_ok": bool, "requirement",
                       "status": "ok"|"fail"|"skip"|"absent"|"already-applied",
                       "on_error": "fail"|"warn"|null, "problems": [str], "warnings": [str],
-                      "failing": bool,
+                      "failing": bool, "landing": "definition-site"|"in-place",
                       "ops": [{"kind", "target",
                                "status": "ok"|"fail"|"warn"|"absent"|"already-applied", "detail",
                                "module": str|null, "file": str|null,
@@ -73,7 +75,10 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
                   "added": [str], "removed": [str] (a class's members), "candidates": [str]
                   (moved: "module:qualname"; inherited: the base), "pin_file"} (importpatch pin;
                   null: not pinnable)
-         "conflicts": [{"kind": "replace"|"stacking", "module", "qualname", "patches", "detail"}],
+         "conflicts": [{"kind": "replace"|"add"|"stacking"|"landing", "module", "qualname",
+                        "patches", "refused": [str] (only when not all of them: the ones the
+                        import fails), "detail"}] (landing: an in-place patch, named first,
+                        that the import refuses on top of the definition-site ones),
          "chains": [CHAIN] (active patches), "scope": "enabled"|"named"|"all",
          "unchecked": [str] (discovered, not checked), "problems": [str],
          "exit_status": 0|1|3 (3: --fail-on-drift and a pinned original drifted)}
@@ -117,7 +122,9 @@ doctor: {"python", "version", "pth": [{"dir", "pth": bool, "current": bool|null,
                                      "patches": [str], "why"},
          "env": {name: value}, "cache": {"root", "problem": str|null, "files", "bytes"},
          "default_on": [str], "vllm_compile_cache_key": {"keyed": bool, "factor": str|null,
-         "says"}|null, "notes": [str], "warnings": [str], "problems": [str], "ok": bool}
+         "says"}|null, "notes": [str], "warnings": [str],
+         "verdicts": [{"patch", "verdict"}] (check's word for each active patch),
+         "problems": [str], "ok": bool}
 cache:  {"root": str|null, "problem": str|null, "files", "bytes",
          "areas": {"code"|"src"|"catalog"|"s": {"files", "bytes"}}, "max_bytes",
          "releases": {"folder", "files", "bytes"} (not in the totals),
@@ -216,13 +223,17 @@ def cmd_list(args: argparse.Namespace) -> int:
         declared_in.setdefault(e.name, []).append(e.source)
     rows: list[dict[str, Any]] = []
     enabled_ops: list[tuple[Any, str]] = []
+    landing: dict[str, str] = {}  # patch name -> where its operations land (check.IN_PLACE)
     for e in entries:
         on, why = toggles.decide_entry(e)
         req_ok, req = versions.check(e.requires or (), installed.version)
-        ops = _object_ops(e)
         # check's word where the declaration alone decides it (an in-place patch package: ok,
         # with check's warning; a declaration that does not load: fail), else null
         verdict, said = verdicts.declared(e, toggles.strict)
+        in_place = verdict == verdicts.OK
+        # an in-place package's operations as the index holds them (its declaration imports
+        # its target: not run here)
+        ops = check.in_place_patch(e).ops if in_place else _object_ops(e)
         rows.append({
             "name": e.name, "kinds": list(e.kinds or ()), "targets": list(e.targets or ()),
             "origin": e.origin, "source": e.source, "enabled": on, "why": why,
@@ -239,7 +250,15 @@ def cmd_list(args: argparse.Namespace) -> int:
             # The module the finder would patch: the first candidate that exists here.
             enabled_ops += [(op, next((m for m in op.modules if installed.find(m)),
                                       op.modules[0])) for op in ops]
+            landing[e.name] = check.IN_PLACE if in_place else "definition-site"
     chains = check.chains_of(enabled_ops)
+    # The set's landings decide too (check's rule, ``check.landing_conflicts``): an in-place
+    # patch that the import refuses on top of the definition-site ones fails.
+    by_row = {r["name"]: r for r in rows}
+    for c in check.landing_conflicts((op, module, landing[op.patch.name])
+                                     for op, module in enabled_ops):
+        row = by_row[c["patches"][0]]
+        row["verdict"], row["conflict"] = verdicts.FAIL, c["detail"]
     problems = list(toggles.problems)
     problems += [
         f"patch name {name!r} is declared {len(srcs)} times: {', '.join(srcs)}"
@@ -273,7 +292,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             req = "; ".join(r["requires"])
             verdict = style.status("ok") if r["requirement_ok"] else style.status("skip")
             lines.append(f"    requires  {req}: {verdict}: {_reason(r['requirement'], req)}")
-        if r["verdict"] == verdicts.OK:  # in place: check's words, not "error"
+        if r.get("conflict"):  # check's words: its problem line
+            lines.append(f"    {style.status('fail', 'fail')}      conflict: {r['conflict']}")
+        elif r["verdict"] == verdicts.OK:  # in place: check's words, not "error"
             lines += [f"    {style.status('warn', 'warning')}   {w}" for w in r["warnings"]]
         elif r["error"]:  # check's words: its problem line
             lines.append(f"    {style.status('fail', 'fail')}      the declaration does not load: "
@@ -1227,7 +1248,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from importpatch.integrations import compat
 
     warnings += compat.object_target_warnings(catalog.load(toggles), toggles)
-    problems += _cannot_apply_here(warnings)
+    words: dict[str, str] = {}  # check's verdict word per active patch
+    problems += _cannot_apply_here(warnings, words)
     from importpatch.tools.pinning import enabled_drift
 
     warnings += [f"drift: {line}" for line in enabled_drift(catalog.load(toggles), toggles)]
@@ -1281,6 +1303,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             "env": env, "cache": cache, "default_on": default_on,
             "vllm_compile_cache_key": compile_key, "notes": notes,
             "warnings": warnings,
+            "verdicts": [{"patch": n, "verdict": w} for n, w in sorted(words.items())],
             "problems": problems, "ok": ok,
         })
         return 0 if ok else 1
@@ -1300,6 +1323,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lines.append(f"cache     {cache['root']}: {cache['problem'] or 'ok'} ({cache['files']} files, "
                  f"{_human(cache['bytes'])}; `importpatch cache` shows and prunes it)")
     lines.append("default   " + (", ".join(default_on) or "no patch is on by default here"))
+    if words:  # the words of list, check and status (tools/verdicts.py)
+        lines.append("verdicts  " + ", ".join(f"{n} {style.status(w)}" for n, w in
+                                              sorted(words.items())))
     if compile_key is not None:
         lines.append(f"compile   vLLM's compile caches: {compile_key['says']}")
     lines += [f"note      {n}" for n in notes]
@@ -1342,12 +1368,13 @@ def _compile_cache_key(toggles: Any, entries: list[Any], warnings: list[str]
     return {"keyed": keyed, "factor": value, "says": says}
 
 
-def _cannot_apply_here(warnings: list[str]) -> list[str]:
+def _cannot_apply_here(warnings: list[str], words: dict[str, str]) -> list[str]:
     """What the patches on here (and the names asked for) cannot do in this environment: an
     unknown name, a patch whose declaration does not load, a target module or symbol that does
     not exist, a diff that does not fit (``importpatch check`` of the patches on here, against
-    the installed packages; a patch skipped by its version requirement or whose package is not
-    installed is no problem)."""
+    the installed packages, the set judged as the import judges it; a patch skipped by its version
+    requirement or whose package is not installed is no problem). ``words``: filled with check's
+    verdict word of each active patch (tools/verdicts.py)."""
     from importpatch.tools import check
 
     try:
@@ -1358,6 +1385,7 @@ def _cannot_apply_here(warnings: list[str]) -> list[str]:
     from importpatch.discover.catalog import IN_PLACE
 
     out = []
+    words.update((p.name, p.status) for p in report.patches if p.active)
     for p in report.patches:
         if p.active:  # a patch package that imports its own target: applied in place
             warnings.extend(f"patch {p.name}: {w}" for w in p.warnings if w.startswith(IN_PLACE))

@@ -3,9 +3,12 @@ take their words from here, so that no two of them call one patch two things (is
 said "error ... it is not applied" of a patch package that ``check`` called ok and every process
 applied in place).
 
-A word answers "does this patch apply here?"; ``check`` decides it by a dry run, ``list`` only
-where the declaration alone decides it (it does not load: fail; it loads only in place: ok), and
-``status`` from what the processes did (an event's outcome, ``OUTCOME``).
+A word answers "does this patch apply here, with the other patches on here?"; ``check`` decides
+it by a dry run of the whole set (``doctor`` takes check's words), ``list`` only where the
+declaration alone or the set's landings decide it (it does not load: fail; it loads only in place:
+ok, unless the import refuses it on top of the patches that land at the definition site:
+``check.landing_conflicts``, fail), and ``status`` from what the processes did (an event's
+outcome, ``OUTCOME``). tests/test_check_set.py runs the four on one environment.
 """
 
 from __future__ import annotations
