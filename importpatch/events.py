@@ -333,16 +333,19 @@ def _check_at_exit() -> None:
 def _holds_inside(obj: Any, inner: Any) -> bool:
     """Whether ``obj`` calls ``inner`` visibly: through ``__wrapped__`` links, or a closure cell
     of its function (``orig = C.f; C.f = lambda self: orig(self)`` keeps the patch running)."""
-    seen = 0
-    while obj is not None and seen < 8:
-        seen += 1
+    function = type(_holds_inside)
+    for _ in range(8):  # (a chain of __wrapped__ links, as inspect.unwrap follows them)
         func = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
         if func is inner:
             return True
-        cells = getattr(func, "__closure__", None) or ()
-        if any(_cell(c) is inner for c in cells):
+        if type(func) is function and any(_cell(c) is inner for c in func.__closure__ or ()):
             return True
-        obj = vars(func).get("__wrapped__") if hasattr(func, "__dict__") else None
+        try:  # the standard link (functools.wraps, wrapt's proxies)
+            obj = getattr(func, "__wrapped__", None)
+        except Exception:
+            return False
+        if obj is None:
+            return False
     return False
 
 

@@ -1316,7 +1316,8 @@ def shadowed_lines(folder: str | None) -> list[str]:
     for ev in [*here, *past]:
         if ev.get("outcome") == "shadowed":
             key = (str(ev["patch"]), str(ev["target"]), str(ev["detail"]))
-            found.setdefault(key, set()).add((str(ev["host"]), int(ev["pid"])))
+            with contextlib.suppress(TypeError, ValueError):  # a pid that is no number
+                found.setdefault(key, set()).add((str(ev["host"]), int(ev["pid"])))
     return [f"{patch} -> {target}: {detail.partition(': ')[0]} in {len(procs)} process(es) "
             f"({'this one' if procs == {(events._host(), os.getpid())} else folder}): the patch "
             "applied, then something re-assigned its target, so it does not run there "
