@@ -37,9 +37,10 @@ def record(
     outcome: str, patch: str, target: str, how: str, detail: str = "", *, level: int | None = None,
     chain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``outcome``: applied | skipped | failed | info. ``how``: definition-site, after-exec,
-    in-place, source-diff, transform, rebind, ... ``chain``: a replace's or wrap's place among
-    the operations of its target (``activation.link``), kept as the event's ``chain`` key.
+    """``outcome``: applied | skipped | failed | shadowed | info. ``how``: definition-site,
+    after-exec, in-place, source-diff, transform, rebind, unreached, ... ``chain``: a
+    replace's or wrap's place among the operations of its target (``activation.link``), kept as
+    the event's ``chain`` key.
     A failure already recorded (same patch, target and detail) is not recorded again."""
     if outcome == "failed":
         first = _failed.get((patch, target, detail))
@@ -246,8 +247,133 @@ def events() -> list[dict[str, Any]]:
 
 
 def applied() -> list[dict[str, Any]]:
-    """Events of patches applied in this process."""
-    return [e for e in _events if e["outcome"] == "applied"]
+    """Events of patches applied in this process whose objects are still in place now. A target
+    that something re-assigned since (a ``vllm.general_plugins`` plugin's ``Scheduler.schedule =
+    other``) no longer runs the patch: its applied events are left out, and a ``shadowed`` event
+    (``events()``) names what is there instead (see ``check_shadowed``)."""
+    check_shadowed("check")
+    gone = {id(e) for w in _watched.values() if w[4] for e in w[3]}
+    return [e for e in _events if e["outcome"] == "applied" and id(e) not in gone]
+
+
+# -- shadowed: is what a patch set still where it set it? ----------------------------------------
+# Each applied replace / wrap / subclass / add / set records the attribute it set and the object
+# it left there (``watch``). ``check_shadowed`` compares them with what the attribute holds now:
+# on demand (``applied()``, ``importpatch doctor``) and once at exit (atexit), so that the
+# events folder says it for ``importpatch status``. Identity tests only; nothing here raises.
+
+# (id(owner), attribute) -> [owner, attribute, object left there, [applied events], what shadows
+# it now ("" while in place)]
+_watched: dict[tuple[int, str], list[Any]] = {}
+_exit_hook = False
+
+
+def watch(applied_events: list[dict[str, Any]], owner: Any, attr: str) -> None:
+    """After ``applied_events`` (the patches of one attribute) were applied: remember what
+    ``owner``'s ``attr`` holds now. A later activation that lands on top of them (or a reload)
+    watches the same attribute again: the earlier events then share the new object, which
+    holds theirs."""
+    global _exit_hook
+    try:
+        store = owner if isinstance(owner, dict) else vars(owner)
+        if attr not in store:
+            return
+        key = (id(owner), attr)
+        held = _watched.get(key)
+        fresh = {id(e) for e in applied_events}
+        earlier = [e for e in held[3] if id(e) not in fresh] if held else []
+        _watched[key] = [owner, attr, store[attr], [*earlier, *applied_events], ""]
+        if not _exit_hook:
+            _exit_hook = True
+            import atexit
+
+            atexit.register(_check_at_exit)
+    except Exception:  # an owner without a namespace: nothing to watch
+        pass
+
+
+def check_shadowed(how: str) -> list[dict[str, Any]]:
+    """Record a ``shadowed`` event (outcome "shadowed", ``how``: "check" or "exit") for each
+    applied event whose attribute no longer holds the object its patch left there, once per
+    attribute and occupant; returns the shadowed events of this process (all of them, earlier
+    ones too). An occupant that wraps the patch's object (``__wrapped__``, or a closure that
+    holds it) still runs it: not shadowed."""
+    out: list[dict[str, Any]] = []
+    for watched in list(_watched.values()):
+        try:
+            owner, attr, expected, applied_events, said = watched
+            store = owner if isinstance(owner, dict) else vars(owner)
+            missing = attr not in store
+            now = store.get(attr)
+            if not missing and (now is expected or _holds_inside(now, expected)):
+                watched[4] = ""
+                continue
+            what = "nothing (the attribute was deleted)" if missing else describe(now)
+            if what != said:
+                watched[4] = what
+                for ev in applied_events:
+                    out.append(record(
+                        "shadowed", ev["patch"], ev["target"], how,
+                        f"shadowed by {what}: {ev['target']} no longer holds the object this "
+                        "patch left there (something re-assigned it after the patch applied), "
+                        "so the patch does not run there; patch what re-assigns it instead "
+                        "(wrap it, or apply that change as a patch)", level=30))
+        except Exception:  # a namespace that misbehaves: nothing to say about it
+            continue
+    return [e for e in _events if e["outcome"] == "shadowed"]
+
+
+def _check_at_exit() -> None:
+    try:  # noqa: SIM105 (no contextlib import on this path)
+        check_shadowed("exit")
+    except BaseException:  # never a traceback at exit
+        pass
+
+
+def _holds_inside(obj: Any, inner: Any) -> bool:
+    """Whether ``obj`` calls ``inner`` visibly: through ``__wrapped__`` links, or a closure cell
+    of its function (``orig = C.f; C.f = lambda self: orig(self)`` keeps the patch running)."""
+    function = type(_holds_inside)
+    for _ in range(8):  # (a chain of __wrapped__ links, as inspect.unwrap follows them)
+        func = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+        if func is inner:
+            return True
+        if type(func) is function and any(_cell(c) is inner for c in func.__closure__ or ()):
+            return True
+        try:  # the standard link (functools.wraps, wrapt's proxies)
+            obj = getattr(func, "__wrapped__", None)
+        except Exception:
+            return False
+        if obj is None:
+            return False
+    return False
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def describe(obj: Any) -> str:
+    """``module:qualname`` of what ``obj`` is (a function, class, method descriptor, property),
+    else of its type ("a module:Type object")."""
+    inner = obj
+    for _ in range(3):
+        if isinstance(inner, (staticmethod, classmethod)):
+            inner = inner.__func__
+        elif isinstance(inner, property) and inner.fget is not None:
+            inner = inner.fget
+    try:
+        if isinstance(inner, type) or callable(inner):
+            module, qual = getattr(inner, "__module__", None), getattr(inner, "__qualname__", None)
+            if isinstance(module, str) and isinstance(qual, str):
+                return f"{module}:{qual}"
+    except Exception:
+        pass
+    kind = type(obj)
+    return f"a {kind.__module__}:{kind.__qualname__} object"
 
 
 # Keys every event line carries ("process" came later: older lines lack it).

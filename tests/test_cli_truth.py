@@ -169,3 +169,58 @@ def test_list_and_check_give_an_in_place_patch_package_one_verdict(lab: Lab) -> 
     _, out, _ = ip(lab, "list", "--json", enable=None, env=strict)
     (listed,) = [p for p in json.loads(out)["patches"] if p["name"] == "PriorityScheduler"]
     assert listed["verdict"] == "fail" and listed["warnings"] == []
+
+
+def test_check_does_not_warn_of_dynamo_for_a_custom_op_body(lab: Lab) -> None:
+    # Issue 36, item 5: a function vLLM registers as a torch custom op
+    # (direct_register_custom_op(op_func=...)) is called by Dynamo as one opaque op, never traced.
+    lab.target({
+        "vllm/__init__.py": "", "vllm/model_executor/__init__.py": "",
+        "vllm/model_executor/layers/__init__.py": "",
+        "vllm/model_executor/layers/mixer.py": '''
+            from vllm.utils import direct_register_custom_op
+
+            def mixer(x):
+                return x
+
+            direct_register_custom_op(op_name="mixer", op_func=mixer)
+
+            def forward_native(x):
+                return x
+            ''',
+    })
+    lab.patch({"mix.py": '''
+        from importpatch import Patch
+        p = Patch("mix")
+
+        @p.replace("vllm.model_executor.layers.mixer:mixer")
+        def mixer(x):
+            print("custom op body")
+            return x
+
+        @p.replace("vllm.model_executor.layers.mixer:forward_native")
+        def forward_native(x):
+            print("traced")
+            return x
+        '''})
+    rc, out, _ = ip(lab, "check", "--json", "mix", enable=None)
+    assert rc == 0
+    compiled = [w for w in json.loads(out)["patches"][0]["warnings"] if "Dynamo" in w]
+    assert len(compiled) == 1, compiled
+    assert compiled[0].startswith("vllm.model_executor.layers.mixer:forward_native runs inside")
+
+
+def test_the_in_place_warning_names_every_module_that_keeps_the_import(lab: Lab) -> None:
+    # Issue 36, item 5: the warning named one of the two modules that import the target.
+    install_published(lab)
+    init = lab.targets / "vllm_custom_patches" / "__init__.py"
+    init.write_text(init.read_text() + "from tpkg.sched import Scheduler as _kept  # another\n")
+    env = custom("PriorityScheduler")
+    rc, out, _ = ip(lab, "check", "--json", "PriorityScheduler", enable=None, env=env)
+    assert rc == 0
+    (warning,) = [w for w in json.loads(out)["patches"][0]["warnings"]
+                  if w.startswith("applied in place")]
+    line = len(init.read_text().splitlines())
+    assert "(2 module-level import(s) of it: vllm_custom_patches/__init__.py line " \
+           f"{line}, vllm_custom_patches/patches/priority_scheduler.py line " in warning
+    assert "; delete every one)" in warning

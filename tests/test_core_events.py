@@ -104,8 +104,8 @@ def test_events_dir_shows_every_process_where_the_hook_is_active(wheel_venv: Ven
     ])), json.dumps(data, indent=1)
     started = [e for e in root["events"] if e["outcome"] == "started"]
     assert [(e["how"], e["detail"]) for e in started] == [("start", "1 patch(es) on: ev")]
-    assert data["patches"] == {"ev": {"applied": 2, "skipped": 0, "failed": 0, "rebound": 0,
-                                      "processes": 1, "verdict": "ok"}}
+    assert data["patches"] == {"ev": {"applied": 2, "skipped": 0, "failed": 0, "shadowed": 0,
+                                      "rebound": 0, "processes": 1, "verdict": "ok"}}
     human = lab.ok(["-m", "importpatch", "status", "--events-dir", events], enable=None).stdout
     assert human.splitlines()[0].endswith("7 process(es), 2 event(s)")
     assert human.count("nothing applied here; hook active (1 patch(es) on: ev)") == 6

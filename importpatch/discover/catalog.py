@@ -1286,18 +1286,70 @@ def in_place_only(entry: Entry) -> bool:
 IN_PLACE = "applied in place, not at the definition site"
 
 
+def own_import_sites(entry: Entry, module: str, limit: int = 500) -> list[str]:
+    """Where the patch package of ``entry`` imports ``module`` at module level (``path line
+    N``, relative to the package's folder, every one of them: deleting one leaves the others),
+    read from its files' source without importing anything; [] when the package's folder cannot
+    be found. At most ``limit`` files are read."""
+    import ast
+    import importlib.util
+
+    value = entry.defined or str(entry.source).partition(" = ")[2]
+    top = value.partition(":")[0].strip().partition(".")[0]
+    if not top:
+        return []
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: searched, not imported
+    except (ImportError, ValueError):
+        return []
+    folders = list(getattr(spec, "submodule_search_locations", None) or [])
+    files = [spec.origin] if spec is not None and not folders and spec.origin else []
+    for folder in folders:
+        for root, dirs, names in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+    parent, _, leaf = module.rpartition(".")
+    found: list[str] = []
+    for path in files[:limit]:
+        try:
+            with open(path, "rb") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        base = os.path.dirname(folders[0]) if folders else os.path.dirname(path)
+        shown = os.path.relpath(path, base)
+        stack: list[ast.AST] = list(tree.body)
+        while stack:
+            node = stack.pop(0)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue  # runs when called: not while the package declares its patches
+            hit = (isinstance(node, ast.Import) and any(
+                a.name == module or a.name.startswith(module + ".") for a in node.names)) or (
+                isinstance(node, ast.ImportFrom) and not node.level and node.module is not None
+                and (node.module == module or node.module.startswith(module + ".") or (
+                    node.module == parent and any(a.name == leaf for a in node.names))))
+            if hit:
+                found.append(f"{shown} line {getattr(node, 'lineno', '?')}")
+                continue
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
 def in_place_note(entry: Entry) -> str:
     """What happens to an ``in_place_only`` patch, and the line to change to land it at the
     definition site instead (``check``, ``doctor``; the runtime warns the same)."""
     module = str(entry.error)[len(OWN_IMPORT):].strip().partition(",")[0]
+    sites = own_import_sites(entry, module)
+    where = (f" ({len(sites)} module-level import(s) of it: {', '.join(sites)}; delete every "
+             "one)" if sites else "")
     return (
         f"{IN_PLACE}: {entry.source} imports {module} while "
         f"it declares its patches, so they apply right after {module} ran, in every process "
         "that imports it (one warning); what the module did with the originals while it "
         "executed (decorators, registries, subclasses, default arguments) keeps them, and "
         f"IMPORTPATCH_STRICT=1 refuses it. To land it at the definition site, delete the "
-        f"module-level `from {module} import ...` (import it inside the function that uses it) "
-        f"and give the target as a string: {string_form(entry, module)}"
+        f"module-level `from {module} import ...`{where} (import it inside the function that "
+        f"uses it) and give the target as a string: {string_form(entry, module)}"
     )
 
 

@@ -442,9 +442,12 @@ class ModulePlan:
                         f"add {op.qualname}: the module sets {attr!r} itself after the class "
                         "statement (use replace)", file=self.file))
         links = chain_links(self.ops)
+        by_qual: dict[str, list[dict[str, Any]]] = {}
         for op in self.ops:
-            events.record("applied", op.patch.name, f"{self.module}:{op.qualname}",
-                          how_of.get(id(op), "definition-site"), op.kind, chain=links.get(id(op)))
+            by_qual.setdefault(op.qualname or "", []).append(events.record(
+                "applied", op.patch.name, f"{self.module}:{op.qualname}",
+                how_of.get(id(op), "definition-site"), op.kind, chain=links.get(id(op))))
+        watch_applied(namespace, by_qual, self)
         _landed[self.module] = (namespace, list(self.ops))  # a reload starts the record afresh
         self.finished = True
 
@@ -673,6 +676,21 @@ def beneath_subclasses(obj: Any) -> Any:
             return obj
         obj = original
     return obj
+
+
+def watch_applied(namespace: dict[str, Any], by_qual: dict[str, list[dict[str, Any]]],
+                  plan: ModulePlan) -> None:
+    """Have ``events`` watch each patched attribute (``events.watch``): the events of one
+    qualified name, and where that name lives now (a member of a class a patch subclassed lives
+    on the class beneath)."""
+    for qual, applied in by_qual.items():
+        owner_qual, _, attr = qual.rpartition(".")
+        try:
+            owner = (beneath_subclasses(resolve(namespace, owner_qual, plan)[1]) if owner_qual
+                     else namespace)
+        except Exception:  # (resolved before: only a namespace changed meanwhile gets here)
+            continue
+        events.watch(applied, owner, attr)
 
 
 def set_attr(owner: Any, name: str, value: Any) -> None:

@@ -22,7 +22,11 @@ What is done, exactly:
   is ``__main__`` and, once ``multiprocessing`` is imported, ``__mp_main__`` too). Each re-binding
   is an event (``rebind``) naming the module and name; the summary line gives the count.
 - Values copied in other ways (into a dict or list, a default argument, ``functools.partial``, a
-  registry, ``getattr``) keep the original: only patching at import reaches them.
+  registry, ``getattr``) keep the original: only patching at import reaches them. Each one found
+  (``install/unreached.py``: a registering call such as vLLM's ``direct_register_custom_op`` in
+  the module's source, a container, partial or default argument in memory) is said in a warning
+  event (``how``: "unreached") with the fix, enabling the patch at interpreter start; under
+  ``IMPORTPATCH_STRICT=1`` the patch is refused instead.
 - What landed before (at import, or an earlier activation) is kept: a patch lands on top only where
   the chain ends up as one activation would have made it, else it is refused whole
   (``activation.landed_on``).
@@ -120,6 +124,9 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op], hook_how: s
     if not object_ops:
         return False
     namespace = module.__dict__
+    object_ops = _unreached_first(name, module, object_ops)
+    if not object_ops:
+        return False
     try:
         plan = ModulePlan(name, object_ops, getattr(module, "__file__", None))
     except PatchError as exc:
@@ -156,6 +163,53 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op], hook_how: s
             f"re-bound {len(sites)} copies in other modules" + (f": {listed}" if sites else ""),
         )
     return True
+
+
+def _unreached_first(name: str, module: ModuleType, ops: list[Op]) -> list[Op]:
+    """Before ``ops`` apply late: what received their targets' originals at import and keeps
+    them (``unreached.unreached``), said in a warning event per place; under strict mode a patch
+    with such a place is refused whole (a failed event) and left out of what is returned."""
+    from importpatch.discover.declare import CHAIN_KINDS, SET
+    from importpatch.install import unreached
+
+    chained = [o for o in ops if o.kind in (*CHAIN_KINDS, SET) and o.qualname]
+    if not chained:
+        return ops
+    namespace = vars(module)
+    targets = {q: _raw(namespace, q) for q in dict.fromkeys(o.qualname for o in chained) if q}
+    protected = _protected()
+    try:
+        found = unreached.unreached(name, source_tree(module),
+                                    {q: v for q, v in targets.items() if v is not None},
+                                    [o.obj for o in ops], lambda n, m: _skipped(n, m, protected))
+    except Exception:  # the warning must never cost the patch
+        return ops
+    if not found:
+        return ops
+    strict = config.flag(os.environ, config.STRICT)
+    refused: set[str] = set()
+    tree = source_tree(module)
+    for qual, places in found.items():
+        for patch in sorted({o.patch.name for o in chained if o.qualname == qual}):
+            fix = unreached.FIX
+            decorators = unreached.decorators_keep(tree, qual)
+            if decorators and any(o.decorated for o in chained
+                                  if o.qualname == qual and o.patch.name == patch):
+                fix += (f", with decorated=False: decorated=True puts the patch outside "
+                        f"{', '.join(decorators)}, which keeps what it was given at interpreter "
+                        "start too")
+            said = (f"{name} was imported before patching started, and while it ran "
+                    f"{name}:{qual} was handed to what late activation cannot re-bind: "
+                    f"{'; '.join(places)}. There the original stays, and what calls it through "
+                    f"there runs it, not this patch: {fix}")
+            if strict:
+                refused.add(patch)
+                events.record("failed", patch, f"{name}:{qual}", "in-place",
+                              f"{said} ({config.STRICT}=1 refuses such a patch late)")
+                continue
+            events.record("info", patch, f"{name}:{qual}", "unreached", said, level=30)
+            events.warn_once(f"unreached:{patch}:{name}:{qual}", f"patch {patch}: {said}")
+    return [o for o in ops if o.patch.name not in refused]
 
 
 def _raw(namespace: dict[str, Any], qual: str) -> Any:
@@ -524,7 +578,7 @@ def warn_own_import(entries: list[Entry], module: str) -> None:
     """Once per process and package: its patches on ``module`` are applied in place because its
     declaration imports their target (``catalog.in_place_only``), what in place cannot reach,
     and the fix."""
-    from importpatch.discover.catalog import in_place_only, string_form
+    from importpatch.discover.catalog import in_place_only, own_import_sites, string_form
 
     for e in entries:
         if not in_place_only(e):
@@ -535,14 +589,17 @@ def warn_own_import(entries: list[Entry], module: str) -> None:
         if key in said.split("\n"):
             continue  # the process that started this one printed it (once per process tree)
         os.environ[config.WARNED] = f"{said}\n{key}" if said else key
+        sites = own_import_sites(e, module)
+        where = f" ({', '.join(sites)})" if sites else ""
         events.warn_once(
             key,
             f"patch package {e.source} imports {module} while it declares its patches "
             f"({', '.join(names)}), so they are applied in place after {module} ran: what the "
             "module did with the originals while it executed (decorators, registries, "
             "subclasses, default arguments) keeps them. Give the targets as strings "
-            f"('pkg.mod:Name.attr': {string_form(e, module)}) and drop the module-level import, "
-            "so that they land at the definition site",
+            f"('pkg.mod:Name.attr': {string_form(e, module)}) and drop the module-level "
+            f"import{'s' if len(sites) > 1 else ''}{where}, so that they land at the definition "
+            "site",
         )
 
 
@@ -568,6 +625,7 @@ def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module
         record_landed,
         resolve,
         set_attr,
+        watch_applied,
     )
 
     by_patch: dict[str, list[tuple[Op, Any, Any]]] = {}
@@ -636,9 +694,12 @@ def apply_in_place(plan: ModulePlan, namespace: dict[str, Any], tree: ast.Module
         set_attr(owner, attr, current)
         plan.final[qual] = current
     links = chain_links([*earlier, *ops_ok])  # places in the whole chain, as at import
+    by_qual: dict[str, list[dict[str, Any]]] = {}
     for op in ops_ok:
-        events.record("applied", op.patch.name, f"{plan.module}:{op.qualname}", "in-place",
-                      op.kind, chain=links.get(id(op)))
+        by_qual.setdefault(op.qualname or "", []).append(events.record(
+            "applied", op.patch.name, f"{plan.module}:{op.qualname}", "in-place", op.kind,
+            chain=links.get(id(op))))
+    watch_applied(namespace, by_qual, plan)
     record_landed(plan.module, namespace, [*earlier, *ops_ok])
     plan.finished = True
 

@@ -715,7 +715,9 @@ def _check_entry(
     result.on_error = patch.on_error
     result.requirement_ok, result.requirement = loaded.ok, loaded.why
     pairs = [(op, checker.op(op)) for op in patch.ops]
-    result.warnings += compiled_warnings(patch.ops)  # calls that torch.compile cannot trace
+    # calls that torch.compile cannot trace (not in a custom op's body: it is never traced)
+    result.warnings += compiled_warnings(patch.ops, {id(op): checker.tree(res.file)
+                                                     for op, res in pairs if res.file})
     # importpatch.integrations.compat: a target given as an object
     advise = getattr(patch, "advice", None)
     for op, res in pairs:

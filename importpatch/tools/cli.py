@@ -86,15 +86,16 @@ check:  {"against": {"kind": "installed"|"wheel"|"sdist"|"tree"|"site-packages",
 diff:   {"patch", "against": {as in check}, "modules": [{"module", "file", "path", "diff",
          "error": str|null}], "exit_status": 0|1}
 status: {"events_dir", "processes": [PROC], "patches": {name: {"applied": int, "skipped": int,
-         "failed": int, "rebound": int, "processes": int,
-         "verdict": "ok"|"fail"|"skip"|null}}, "bad_lines": int,
+         "failed": int, "shadowed": int, "rebound": int, "processes": int,
+         "verdict": "ok"|"fail"|"skip"|"shadowed"|null}}, "bad_lines": int,
          "requested": {name: {"applied_anywhere": bool, "fates": {FATE: int (processes)},
                               "detail"}}, "never_applied": [name],
          "defaults_not_applied": {name: {as in requested}} (on by default, not requested: a
                                  target module missing, applied nowhere),
          "drift": [{"patch", "detail"}] (pinned originals that changed, as the processes said),
          "retire": [{"patch", "detail"}] (its retire_if holds in the installed packages)}
-         FATE = "applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|"not-imported"|"off"
+         FATE = "shadowed"|"applied"|"failed"|"missing"|"unknown"|"version"|"skipped"|
+                "not-imported"|"off"
          (a started event also has "requested" and "on": [name])
          PROC = {"host", "pid", "ppid", "argv": [str], "process": str, "parent_seen": bool,
                  "ray_node": "ip:port" of a Ray worker's node, else null,
@@ -166,6 +167,7 @@ class Style:
     def status(self, status: str, word: str | None = None) -> str:
         word = word or {"fail": "FAIL", "already-applied": "ALREADY-APPLIED"}.get(status, status)
         code = {"ok": "32", "on": "32", "applied": "32", "fail": "31;1", "failed": "31;1",
+                "shadowed": "31;1",
                 "already-applied": "31;1", "skip": "33", "skipped": "33", "warn": "33"}.get(status)
         return self._paint(code, word) if code else word
 
@@ -885,7 +887,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 continue
             tally = patches.setdefault(
                 ev["patch"],
-                {"applied": 0, "skipped": 0, "failed": 0, "rebound": 0, "processes": 0})
+                {"applied": 0, "skipped": 0, "failed": 0, "shadowed": 0, "rebound": 0,
+                 "processes": 0})
             if ev["outcome"] in tally:
                 tally[ev["outcome"]] += 1
             if ev["how"] == "rebind" and ev["detail"].startswith("copy of"):
@@ -894,8 +897,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 seen.add(ev["patch"])
                 tally["processes"] += 1
     for t in patches.values():  # check's word for what the processes did: the worst of it
-        t["verdict"] = next((verdicts.OUTCOME[o] for o in ("failed", "skipped", "applied")
-                             if t[o]), None)
+        t["verdict"] = next((verdicts.OUTCOME[o] for o in ("failed", "shadowed", "skipped",
+                                                            "applied") if t[o]), None)
     defaults: dict[str, dict[str, Any]] = {}
     requested = requested_fates(procs, defaults)
     never = sorted(n for n, r in requested.items() if not r["applied_anywhere"])
@@ -919,6 +922,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     lines.append("")
     for name, t in sorted(patches.items()):
         rebound = f", {t['rebound']} copies re-bound late" if t["rebound"] else ""
+        rebound += f", {t['shadowed']} shadowed since" if t["shadowed"] else ""
         word = f" ({t['verdict']})" if t["verdict"] else ""
         lines.append(f"{name}: applied in {t['processes']} of {len(procs)} process(es); "
                      f"{t['applied']} applied, {t['skipped']} skipped, {t['failed']} failed"
@@ -960,6 +964,7 @@ def drift_events(procs: dict[tuple[str, int], dict[str, Any]]) -> list[tuple[str
 
 # The fate of a requested patch name in one process (`status`), most telling first.
 FATES = {
+    "shadowed": "applied, then shadowed",  # its target re-assigned after: the patch did not run
     "applied": "applied",
     "failed": "failed",
     "missing": "target module missing",
@@ -1020,7 +1025,7 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]],
             if fate not in FATES:
                 continue
             by_name.setdefault(ev["patch"], set()).add(fate)
-            if fate == "failed":  # its error, beside "failed in N" (the last one)
+            if fate in ("failed", "shadowed"):  # its error, beside "failed in N" (the last one)
                 failed_detail[ev["patch"]] = ev["detail"]
             if fate in ("unknown", "missing"):
                 names.add(ev["patch"])
@@ -1032,7 +1037,7 @@ def requested_fates(procs: dict[tuple[str, int], dict[str, Any]],
             fate = next(f for f in FATES if f in fates)
             row = out.setdefault(name, {"applied_anywhere": False, "fates": {}, "detail": ""})
             row["fates"][fate] = row["fates"].get(fate, 0) + 1
-            if fate == "failed" and name in failed_detail:
+            if fate in ("failed", "shadowed") and name in failed_detail:
                 row["detail"] = failed_detail[name]
             row["applied_anywhere"] = row["applied_anywhere"] or fate == "applied"
         for name, detail in unasked.items():
@@ -1253,6 +1258,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from importpatch.tools.pinning import enabled_drift
 
     warnings += [f"drift: {line}" for line in enabled_drift(catalog.load(toggles), toggles)]
+    warnings += shadowed_lines(config.get(os.environ, config.EVENTS_DIR))
     if not env:
         notes.append(
             "no IMPORTPATCH_* variable is set here. A launcher that clears the environment (sudo, "
@@ -1334,6 +1340,30 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lines.append(f"doctor: {'ok' if ok else f'{len(problems)} problem(s)'}")
     emit(lines)
     return 0 if ok else 1
+
+
+def shadowed_lines(folder: str | None) -> list[str]:
+    """``doctor``'s warnings for patches whose target something re-assigned after they applied
+    (``events.check_shadowed``): in this process, now, and in the processes that wrote to the
+    events folder (their check at exit)."""
+    from importpatch import events
+
+    found: dict[tuple[str, str, str], set[tuple[str, int]]] = {}
+    here = events.check_shadowed("check")
+    past: list[dict[str, Any]] = []
+    if folder and os.path.isdir(folder):
+        with contextlib.suppress(OSError):
+            past = events.read(folder)[0]
+    for ev in [*here, *past]:
+        if ev.get("outcome") == "shadowed":
+            key = (str(ev["patch"]), str(ev["target"]), str(ev["detail"]))
+            with contextlib.suppress(TypeError, ValueError):  # a pid that is no number
+                found.setdefault(key, set()).add((str(ev["host"]), int(ev["pid"])))
+    return [f"{patch} -> {target}: {detail.partition(': ')[0]} in {len(procs)} process(es) "
+            f"({'this one' if procs == {(events._host(), os.getpid())} else folder}): the patch "
+            "applied, then something re-assigned its target, so it does not run there "
+            "(`importpatch status` shows where)"
+            for (patch, target, detail), procs in found.items()]
 
 
 def _compile_cache_key(toggles: Any, entries: list[Any], warnings: list[str]

@@ -19,6 +19,7 @@ from importpatch.rewrite import diffs
 
 ALREADY_APPLIED = diffs.ALREADY_APPLIED
 OK, FAIL, SKIP, ABSENT, WARN = "ok", "fail", "skip", "absent", "warn"
+SHADOWED = "shadowed"
 
 # The word, and what it means, as every command prints it (docs/cli.md says the same).
 WORDS = {
@@ -27,10 +28,12 @@ WORDS = {
     SKIP: "its version requirement does not hold here: the import hook skips it",
     ABSENT: "no target package of it is here: the import hook never sees its modules",
     ALREADY_APPLIED: "the change is already in this release: the import hook fails it",
+    SHADOWED: "it applied, then something re-assigned its target: the patch no longer runs there "
+              "(status, doctor, importpatch.applied())",
 }
 
 # What a process's event says, as the word above (``status``).
-OUTCOME = {"applied": OK, "failed": FAIL, "skipped": SKIP, "missing": FAIL}
+OUTCOME = {"applied": OK, "failed": FAIL, "skipped": SKIP, "missing": FAIL, "shadowed": SHADOWED}
 
 
 def declared(entry: Any, strict: bool) -> tuple[str | None, str]:
