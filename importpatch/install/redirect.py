@@ -87,7 +87,7 @@ def load_redirected(fullname: str, placeholder: ModuleType, ops: list[Op],
             f"read {fullname}.{name} while it was itself being imported: {to} must not import "
             f"{fullname} (it is {to})", name=fullname)
 
-    placeholder.__getattr__ = cycle  # type: ignore[attr-defined]
+    placeholder.__getattr__ = cycle  # type: ignore[method-assign]
     import importlib
 
     try:

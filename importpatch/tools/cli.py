@@ -779,7 +779,8 @@ def add_from_git(command: Any) -> None:
                    help="folder (or file, with --squash) (default: the first folder of "
                         "IMPORTPATCH_PATH)")
     f.add_argument("--work", metavar="DIR",
-                   help="work folder for conflicts (default: $XDG_DATA_HOME/importpatch/work)")
+                   help="the folder that holds the work folders of conflicts, DIR/NAME "
+                        "(default: $XDG_DATA_HOME/importpatch/work)")
     f.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     f.add_argument("--force", action="store_true",
                    help="write over existing patch files and unsaved conflict work")
@@ -1613,7 +1614,8 @@ def parser() -> argparse.ArgumentParser:
                    help="prune: also remove what was not used for DAYS days")
     k.add_argument("--releases", action="store_true",
                    help="clear: also remove the downloaded release artifacts (kept otherwise)")
-    work_help = "work folder (default: $XDG_DATA_HOME/importpatch/work, ~/.local/share/...)"
+    work_help = ("the folder that holds the work folders: a patch NAME's is DIR/NAME (default: "
+                 "$XDG_DATA_HOME/importpatch/work, ~/.local/share/...)")
     e = command("edit", cmd_edit, "copy modules' source to a work folder, to make a diff patch")
     e.add_argument("modules", nargs="*", metavar="MODULE",
                    help="dotted module names (with --name of an existing diff patch: default "
