@@ -57,17 +57,19 @@ def load_redirected(fullname: str, placeholder: ModuleType, ops: list[Op],
     op = redirect_of(ops)
     assert op is not None
     to = str(op.obj)
-    for other in sorted((o for o in ops if o.kind == REDIRECT and o.patch is not op.patch),
-                        key=lambda o: o.patch.name):
+    others = sorted((o for o in ops if o.kind == REDIRECT and o.patch is not op.patch),
+                    key=lambda o: o.patch.name)
+    if others:
+        other = others[0]
         raise _recorded(PatchError(
             other.patch.name, fullname, f"two patches redirect {fullname}: {op.patch.name} to "
             f"{to} and {other.patch.name} to {other.obj}; enable one of them", file=file))
     landing = [o for o in ops if o.kind not in (REDIRECT, AFTER_IMPORT)
                and o.patch is not op.patch]
     for patch in dict.fromkeys(o.patch for o in landing):
+        kinds = ", ".join(sorted({o.kind for o in landing if o.patch is patch}))
         what = (f"{fullname} is redirected to {to} by patch {op.patch.name}, so its own code "
-                f"never runs and this patch's {', '.join(sorted({o.kind for o in landing}))} "
-                f"cannot land there; target {to} instead")
+                f"never runs and this patch's {kinds} cannot land there; target {to} instead")
         if patch.on_error == "warn":
             record_skip(patch.name, fullname, what)
             continue
