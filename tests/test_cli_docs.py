@@ -67,3 +67,17 @@ def test_check_mode_exit_status() -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True,
                           text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
+def test_the_command_tables_list_every_command(doc: str) -> None:
+    """README.md's command table and docs/cli.md's list every command of the parser."""
+    import argparse
+    import re
+
+    parser = importpatch.tools.cli.parser()
+    commands = {name for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction) for name in action.choices}
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `importpatch ([a-z-]+)", text, re.M))
+    assert commands - listed == set(), f"{doc}'s command table lacks {sorted(commands - listed)}"

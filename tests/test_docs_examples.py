@@ -29,6 +29,7 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -350,6 +351,40 @@ def test_first_patch_as_the_readme_runs_it_python_c_then_status(tmp_path: Path) 
             "(definition-site): wrap") in status.stdout
     assert "hello-sampler: applied in 1 of 1 process(es); 1 applied, 0 skipped, 0 failed" \
         in status.stdout
+    # The sample output README.md and getting-started.md show is what this run printed (but the
+    # pids, the host and the events folder). IP_WRITE_SAMPLES=1 writes this run's into both.
+    printed = "\n".join("    " + line if line else "" for line in
+                        status.stdout.replace(str(tmp_path / "events"), "/tmp/ev").splitlines())
+    for doc in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        text = doc.read_text(encoding="utf-8")
+        start = text.index(STATUS_COMMAND) + len(STATUS_COMMAND)
+        shown = text[start:start + len(_sample(text[start:]))]
+        if os.environ.get("IP_WRITE_SAMPLES"):
+            doc.write_text(text[:start] + printed.strip("\n") + text[start + len(shown):],
+                           encoding="utf-8")
+            continue
+        assert _normal(shown) == _normal(printed.strip("\n")), (
+            f"{doc.name}'s sample `status` output is not what a run prints now:\n{printed}\n"
+            "(IP_WRITE_SAMPLES=1 writes it)")
+
+
+STATUS_COMMAND = "    importpatch status --events-dir /tmp/ev\n\n"
+
+
+def _sample(text: str) -> str:
+    """The indented block at the start of ``text`` (up to the first line that is not)."""
+    lines = []
+    for line in text.splitlines():
+        if line and not line.startswith("    "):
+            break
+        lines.append(line)
+    return "\n".join(lines).rstrip("\n")
+
+
+def _normal(block: str) -> str:
+    """A sample with its pids and host name left out (they differ every run)."""
+    block = re.sub(r"\b(pid|parent) \d+", r"\1 N", block)
+    return re.sub(r"(\(parent N\)| N) on \S+", r"\1 on HOST", block).strip()
 
 
 @pytest.mark.vllm

@@ -292,7 +292,8 @@ if __name__ == "__main__":
     proc.join(60)
     wire = pickle.dumps(OBJECTS)
     print(json.dumps({{"parent": os.getpid(), "out": out, "exitcode": proc.exitcode,
-                      "declared_in_wire": b"importpatch._declared" in wire}}))
+                      "declared_in_wire": b"importpatch._declared" in wire
+                      or b".importpatch." in wire}}))
 ''')
     proc = lab.ok(["drive.py"], enable="pk", timeout=240)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -331,7 +332,8 @@ if __name__ == "__main__":
     out = queue.get(timeout=120)
     proc.join(60)
     declared = [i for i, (_, obj, _) in enumerate(OBJECTS)
-                if b"importpatch._declared" in cloudpickle.dumps(obj)]
+                if b"importpatch._declared" in cloudpickle.dumps(obj)
+                or b".importpatch." in cloudpickle.dumps(obj)]
     print(json.dumps({"parent": os.getpid(), "out": out, "by_value": by_value,
                       "declared": declared}))
 ''')

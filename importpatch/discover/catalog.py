@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import re
 import stat
 import sys
 import time
@@ -687,7 +688,8 @@ class _NewModules:
     def __exit__(self, *exc: object) -> None:
         self.new = [m for m in sys.modules if m not in self.before]
         for m in self.new:
-            if not m.startswith("importpatch"):
+            # (a patch file's module is also <package>.importpatch.<stem>: never an import)
+            if not m.startswith("importpatch") and f".{FAMILY}." not in m:
                 self.into.setdefault(m, self.source)
 
 
@@ -805,6 +807,14 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
+    # Its __name__ (what `logging.getLogger(__name__)` and vLLM's `init_logger(__name__)` name
+    # a logger by, and what its classes' __module__ is): in the family of the package it patches
+    # (`vllm.importpatch.<stem>`), so that package's logging configuration prints its loggers.
+    # Also in sys.modules under that name, where pickle and late activation look it up.
+    family = family_name(file, stem)
+    if family is not None:
+        module.__name__ = family
+        sys.modules[family] = module
     with collecting() as found:
         # Not exec_module: its .pyc (mtime in whole seconds) would run stale code after a
         # same-size edit within a second, and the bytecode cache would key the new text.
@@ -815,12 +825,57 @@ def _execute_file(file: str) -> tuple[list[Patch], BaseException | None]:
             failure = run_patch_code(run, file)[1]
         except BaseException:  # a real Ctrl-C
             sys.modules.pop(modname, None)
+            if family is not None:
+                sys.modules.pop(family, None)
             raise
     if failure is not None:
         sys.modules.pop(modname, None)
+        if family is not None:
+            sys.modules.pop(family, None)
     for p in found:
         p.source = file
     return list(found), failure
+
+
+FAMILY = "importpatch"  # <package>.importpatch.<stem>: a patch file's module name
+# The first target of a patch file, written as the literal first argument of an operation:
+# `.wrap("vllm.v1...:X"`, `.after_import('vllm.reasoning'` (its top-level package). A regular
+# expression, not a parse: it runs in every process that executes the file (~microseconds).
+_FIRST_TARGET = re.compile(
+    r"""\.(?:replace|wrap|add|subclass|field|transform|after_import|redirect)\(\s*"""
+    r"""(?:target\s*=\s*|module\s*=\s*)?[rR]?["']([A-Za-z_]\w*)[.:|"']""")
+
+
+def family_name(file: str, stem: str) -> str | None:
+    """The ``__name__`` of patch file ``file``'s module: ``<top>.importpatch.<stem>``, ``<top>``
+    the top-level package of the first target its text names (the same in every process: read
+    from the text, as ``stated`` reads it, not from what it declares), so that loggers named by
+    ``__name__`` are children of that package's logger (vLLM's ``vllm`` logger has its handler
+    and ``propagate=False``: a logger outside that family is not printed by vLLM's
+    configuration). A name another patch file's module has already gets the file's checksum.
+    None where the text names no target: the module keeps its folder package's name."""
+    top = ""
+    try:
+        with open(file, encoding="utf-8", errors="replace") as f:
+            found = _FIRST_TARGET.search(f.read(1 << 16))  # (near the top, as a rule)
+    except OSError:
+        found = None
+    if found is not None:
+        top = found.group(1)
+    else:  # (targets not written as a literal first argument: what the text states, parsed)
+        from importpatch.discover import stated
+
+        groups = stated.of_file(file).every()
+        top = groups[0][0].partition(".")[0] if groups and groups[0] else ""
+    if not top.isidentifier() or top == FAMILY:
+        return None
+    safe = "".join(c if c.isalnum() or c == "_" else "_" for c in stem) or "patch"
+    name = f"{top}.{FAMILY}.{safe}"
+    taken = sys.modules.get(name)
+    if taken is not None and getattr(taken, "__file__", None) != file:
+        crc = zlib.crc32(file.encode("utf-8", "surrogateescape"))
+        name = f"{name}_{crc:08x}"
+    return name
 
 
 def _entries_of_file(origin: str, file: str, imported_by: dict[str, str]) -> list[Entry]:

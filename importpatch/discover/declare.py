@@ -41,6 +41,9 @@ SUBCLASS = "subclass"  # a factory makes a subclass of the class bound at the de
 # fn(module) runs right after the module's body executed, before its import returns: it changes
 # no code and binds no target name (so it is in neither CODE_KINDS nor OBJECT_KINDS).
 AFTER_IMPORT = "after_import"
+# The import of the module gives another module, whole (``Patch.redirect``): nothing of the
+# original runs or is compiled, so it is in neither CODE_KINDS nor OBJECT_KINDS.
+REDIRECT = "redirect"
 CODE_KINDS = (DIFF, TRANSFORM, FIELD)
 OBJECT_KINDS = (REPLACE, WRAP, ADD, SUBCLASS)  # what a patch file declares on Python objects
 CHAIN_KINDS = (REPLACE, SUBCLASS, WRAP)  # make one target's installed object, in a chain
@@ -369,6 +372,40 @@ class Patch:
         if fn is _MISSING:
             return register
         return register(fn)
+
+    def redirect(self, module: str, to: str) -> None:
+        """The import of ``module`` gives module ``to`` itself, in every process where the patch
+        is on: ``sys.modules[module]`` is ``to``'s module object (one object, imported once, its
+        own name, file and relative imports), so ``import module``, ``from module import x``
+        copies and ``from package import module`` all see ``to``'s code and state, and what it
+        defines pickles by ``to``'s name. The original ``module`` never runs. Refused where
+        ``module`` is already imported (a late activation: its copies exist); fails closed
+        where ``to`` cannot be imported. ``module``: ``"pkg.mod"``, candidates
+        ``"new.mod|old.mod"`` allowed.
+
+            Patch("my-ops").redirect("vllm._custom_ops", "my_plugin.custom_ops")
+        """
+        modules = tuple(m.strip() for m in str(module).split("|"))
+
+        def dotted(name: str) -> bool:
+            return bool(name) and all(p.isidentifier() for p in name.split("."))
+
+        if not isinstance(module, str) or not all(map(dotted, modules)):
+            raise DeclarationError(
+                f"patch {self.name}: redirect({module!r}, {to!r}): give the module to redirect "
+                "as 'package.module' (candidates 'new.mod|old.mod'), not a target with ':'")
+        if not isinstance(to, str) or not dotted(to.strip()):
+            raise DeclarationError(
+                f"patch {self.name}: redirect({module!r}, {to!r}): give the module it becomes "
+                "as 'package.module'")
+        to = to.strip()
+        inside = [m for m in modules if to == m or to.startswith(m + ".")]
+        if inside:
+            raise DeclarationError(
+                f"patch {self.name}: redirect({module!r}, {to!r}): {to} is {inside[0]} or inside "
+                f"it, and importing it would import {inside[0]} first: redirect to a module "
+                "outside it")
+        self.ops.append(Op(self, REDIRECT, modules, obj=to))
 
     # -- Code changes applied before the module is compiled ------------------------------------
 

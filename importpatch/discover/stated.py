@@ -22,9 +22,10 @@ from importpatch import safefiles
 HEAD_BYTES = 1 << 20
 
 # Methods of a Patch whose first argument is a target string ("pkg.mod:Qual" or, for
-# ``transform`` and ``after_import``, "pkg.mod"; candidates "a.b|c.d").
-_OP_METHODS = ("replace", "wrap", "add", "subclass", "field", "transform", "after_import")
-_MODULE_ONLY = ("transform", "after_import")
+# ``transform``, ``after_import`` and ``redirect``, "pkg.mod"; candidates "a.b|c.d").
+_OP_METHODS = ("replace", "wrap", "add", "subclass", "field", "transform", "after_import",
+               "redirect")
+_MODULE_ONLY = ("transform", "after_import", "redirect")
 _NAME = re.compile(r"""\bPatch\(\s*(?:name\s*=\s*)?(['"])([A-Za-z0-9_.-]+)\1""")
 _DIFF_FILE = re.compile(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)\.py\s*$", re.M)
 _TARGET = re.compile(r"""["']([A-Za-z_][\w.|]*):[A-Za-z_][\w.]*["']""")
@@ -219,6 +220,10 @@ def _of_python(text: str) -> Stated:
             helper = literal(call.args[1])  # "helper.module:function": no target of the patch
             if helper and ":" in helper:
                 attributed.add(tuple(helper.partition(":")[0].split("|")))
+        if func.attr == "redirect" and len(call.args) > 1:
+            to = literal(call.args[1])  # the module it becomes: no target of the patch
+            if to:
+                attributed.add((to,))
         if first is None:
             continue
         if func.attr == "diff":

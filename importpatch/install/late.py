@@ -33,7 +33,8 @@ What is done, exactly:
 - ``after_import`` hooks run at once, ``fn(module)`` on the module as patched, once per process
   (event ``how``: "late"); a patch refused in place runs none of them.
 - Source diffs and AST transforms cannot change code that already ran: they are refused with a
-  clear message.
+  clear message; so is a ``redirect`` (names were copied from the module already), unless the
+  module already is its target (redirected at its import).
 - A patch whose declaration fails to load is reported and not marked handled, so the next
   activation tries again.
 
@@ -47,7 +48,7 @@ import os
 import sys
 
 from importpatch import config, events
-from importpatch.discover.declare import CODE_KINDS
+from importpatch.discover.declare import CODE_KINDS, REDIRECT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -120,6 +121,12 @@ def apply_ops_in_place(name: str, module: ModuleType, ops: list[Op], hook_how: s
             "imported before patching started; enable it at interpreter start "
             "(IMPORTPATCH_ENABLE in the environment) instead",
         )
+    if any(o.kind == REDIRECT for o in ops):
+        from importpatch.install.redirect import refuse_late
+
+        refuse_late(name, ops)  # a patch that redirects lands nothing else in place either
+        redirecting = {o.patch.name for o in ops if o.kind == REDIRECT}
+        ops = [o for o in ops if o.patch.name not in redirecting]
     object_ops = [o for o in ops if o.kind not in CODE_KINDS]
     if not object_ops:
         return False

@@ -26,6 +26,8 @@ What a patch's digest covers (invariant: equal digests mean equal code, in every
 - a patch package's patch (entry point): every ``.py`` file of the package that defines it;
 - a ``Patch(...)`` made in the process: the source file of each operation's function (an
   ``after_import`` hook given as ``"helper.module:function"``: the helper's file);
+- a ``redirect``, however declared: the file of the module it redirects to (a package: its
+  ``.py`` files), which runs in the redirected module's place;
 - a patch that failed or was skipped in this process so far counts as such (``!failed``), not as
   the code it would have added: the artifact then records the model as it ran; one whose version
   requirement does not hold here is not counted (it changes nothing).
@@ -94,6 +96,10 @@ def entry_digest(entry: Entry) -> str:
 
 
 def _code_files(entry: Entry) -> list[str]:
+    return [*_declared_files(entry), *_redirected_files(entry)]
+
+
+def _declared_files(entry: Entry) -> list[str]:
     if entry.file:
         files = [entry.file]
         if entry.file.endswith(".py"):
@@ -116,6 +122,33 @@ def _code_files(entry: Entry) -> list[str]:
 
         found |= {f for f in map(source_file, helpers) if f}
     return sorted(found)
+
+
+def _redirected_files(entry: Entry) -> list[str]:
+    """The code a redirect puts in its module's place, whatever declared it: the file of the
+    module it redirects to (a package: every ``.py`` file under its folder), found, not
+    imported. Only an entry that states a redirect loads its declaration for this."""
+    if "redirect" not in (entry.kinds or ()) or entry.error:
+        return []
+    from importpatch.discover import catalog
+    from importpatch.load.finder import source_file
+
+    try:
+        patch = catalog.load_patch(entry)
+    except Exception:  # (its import fails closed and says why; counted as its declaration)
+        return []
+    out: list[str] = []
+    for to in sorted({str(op.obj) for op in patch.ops if op.kind == "redirect"}):
+        file = source_file(to)
+        if file is None:
+            out.append(f"<{to}: not found>")  # (read as unreadable: a digest of its own)
+        elif os.path.basename(file) == "__init__.py":
+            for folder, dirs, files in os.walk(os.path.dirname(file)):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                out += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
+        else:
+            out.append(file)
+    return out
 
 
 def _package_files(top: str) -> list[str]:

@@ -206,14 +206,27 @@ class PatchLoader:
         self.via = via  # the finder that returned the spec
         self._built: Build | None = None
         self._kind: str | None = None
+        self._ops_made: list[Op] | None = None  # the applicable operations, once loaded
 
     def __getattr__(self, name: str) -> Any:
         # is_package, get_filename, get_data, get_resource_reader, path, name ... as the original.
         return getattr(self.loader, name)
 
+    @_closed
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        if self._redirect() is not None:
+            return None  # a plain module, discarded (redirect.py): nothing of the original runs
         create = getattr(self.loader, "create_module", None)
         return create(spec) if create is not None else None
+
+    def _redirect(self) -> Op | None:
+        """The redirect of this module among its applicable operations, or None. Only a
+        module whose index entries state a redirect loads its patches here."""
+        if not any("redirect" in (e.kinds or ()) for e in self.entries):
+            return None
+        from importpatch.install.redirect import redirect_of
+
+        return redirect_of(self._ops())
 
     @property
     def kind(self) -> str:
@@ -230,6 +243,12 @@ class PatchLoader:
         if self._diff_cannot_apply():
             self.loader.exec_module(module)  # unpatched, said (see _diff_cannot_apply)
             return
+        if self._redirect() is not None:
+            from importpatch.install.redirect import load_redirected
+
+            if load_redirected(self.fullname, module, self._ops(), self.origin) is not None:
+                return  # sys.modules[fullname] is the target now: importlib returns that
+            self._ops_made = [op for op in self._ops() if op.kind != "redirect"]  # warn: skipped
         build = self._build()
         inner = _innermost(self.loader)
         if (inner is self.loader and _standard_exec(inner)) or self.kind in ("pytest", "opaque"):
@@ -271,6 +290,14 @@ class PatchLoader:
     def get_code(self, fullname: str) -> CodeType:
         # runpy (python -m) executes get_code()'s result in __main__ itself: the code calls
         # activation.begin/done, so it gets the same checks, failures and events as an import.
+        op = self._redirect()
+        if op is not None:  # (exec_module never asks: only runpy and other hooks do)
+            from importpatch.errors import PatchError
+
+            raise PatchError(op.patch.name, self.fullname,
+                             f"{self.fullname} is redirected to {op.obj}: it has no code of its "
+                             f"own to run (python -m {op.obj} runs the module it is)",
+                             file=self.origin)
         return self._build().code
 
     @_closed
@@ -304,6 +331,8 @@ class PatchLoader:
         from importpatch.discover.selection import applicable_ops, load_patches
         from importpatch.errors import PatchError
 
+        if self._ops_made is not None:  # once: loading them records the skips
+            return self._ops_made
         # (Those that land in place after the module ran are not built in: see exec_module.)
         entries = [e for e in self.entries if not in_place_only(e)]
         patches, broken = load_patches(entries, self.fullname)
@@ -313,7 +342,8 @@ class PatchLoader:
                 f"the patch declaration failed to load from {d.entry.source}: {d.error}",
                 file=self.origin,
             )
-        return applicable_ops(patches, self.fullname)
+        self._ops_made = applicable_ops(patches, self.fullname)
+        return self._ops_made
 
     def _build_uncached(self) -> Build:
         from importpatch.errors import PatchError

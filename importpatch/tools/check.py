@@ -41,6 +41,7 @@ from importpatch.discover.declare import (
     CODE_KINDS,
     DIFF,
     FIELD,
+    REDIRECT,
     REPLACE,
     SET,
     SUBCLASS,
@@ -260,6 +261,8 @@ class _Checker:
             self.transform(op, result)
         elif op.kind == AFTER_IMPORT:
             self.after_import(op, result)
+        elif op.kind == REDIRECT:
+            self.redirect(op, result)
         else:
             self.symbol(op, result)
         return result
@@ -368,6 +371,24 @@ class _Checker:
                 result.status = WARN
                 result.detail = (f"{name}: module {helper} is not found on sys.path here; the "
                                  f"import of {result.module} imports it, and fails if it cannot")
+
+    def redirect(self, op: declare.Op, result: OpResult) -> None:
+        """Its module is there (``resolve``), and so is the module it becomes: where the checked
+        packages have it, else on sys.path here (a plugin's module; nothing is imported)."""
+        from importpatch.load.finder import source_file
+
+        to = str(op.obj)
+        try:
+            found = (self.source.find(to) or source_file(to)) is not None or _findable(to)
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            result.detail = (f"the import of {result.module} gives {to} itself; "
+                             f"{result.module}'s own code never runs")
+        else:
+            result.status = FAIL
+            result.detail = (f"redirect to {to}: module {to} is not found here, so the import of "
+                             f"{result.module} would fail closed")
 
     def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None) -> None:
         """``tree``: the module as the import analyses it, after code changes (default: the

@@ -149,6 +149,7 @@ from importpatch.tools.packages import UsageError
 WIDTH = 100
 ORDERED = ("wrap", "subclass")  # kinds that stack by (order, patch name): declare.ORDERED_KINDS
 AFTER_IMPORT = "after_import"  # declare.AFTER_IMPORT (not imported here: a fast --help)
+REDIRECT = "redirect"  # declare.REDIRECT
 
 
 # -- Output --------------------------------------------------------------------------------------
@@ -245,7 +246,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             "warnings": [said] if verdict == verdicts.OK else [],
             "ops": [{"kind": op.kind, "target": op.target, "order": op.order,
                      "decorated": op.decorated, "original": op.original,
-                     **({"runs": _hook_name(op)} if op.kind == AFTER_IMPORT else {})}
+                     **({"runs": _hook_name(op)} if op.kind == AFTER_IMPORT else {}),
+                     **({"to": op.obj} if op.kind == REDIRECT else {})}
                     for op in ops],
         })
         if on and req_ok:
@@ -281,6 +283,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         orders = {o["target"]: (o["kind"], o["order"]) for o in r["ops"]
                   if o["kind"] in ORDERED and o["order"]}
         runs: dict[str, list[str]] = {}
+        to = {o["target"]: o["to"] for o in r["ops"] if o["kind"] == REDIRECT}
         for o in r["ops"]:
             if o["kind"] == AFTER_IMPORT:
                 runs.setdefault(o["target"], []).append(o["runs"])
@@ -288,6 +291,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                                           if t in orders else "")
                   + (f" (after_import: runs {', '.join(runs[t])} right after its body)"
                      if t in runs else "")
+                  + (f" (redirect: its import gives {to[t]})" if t in to else "")
                   for t in dict.fromkeys(r["targets"])]
         lines.append(f"    source    {ORIGINS.get(r['origin'], r['origin'])}: {r['source']}")
         if r["requires"]:
@@ -308,12 +312,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _object_ops(entry: Any) -> list[Any]:
-    """The replace / wrap / add / subclass / after_import operations of a patch (its declaration
-    runs, once per process); none when it does not load (the row's error says why)."""
+    """The replace / wrap / add / subclass / after_import / redirect operations of a patch (its
+    declaration runs, once per process); none when it does not load (the row's error says
+    why)."""
     from importpatch.discover import catalog
     from importpatch.discover.declare import OBJECT_KINDS
 
-    kinds = (*OBJECT_KINDS, AFTER_IMPORT)
+    kinds = (*OBJECT_KINDS, AFTER_IMPORT, REDIRECT)
     if entry.error or not set(kinds) & set(entry.kinds or ()):
         return []
     try:
@@ -805,7 +810,8 @@ def add_from_git(command: Any) -> None:
                    help="folder (or file, with --squash) (default: the first folder of "
                         "IMPORTPATCH_PATH)")
     f.add_argument("--work", metavar="DIR",
-                   help="work folder for conflicts (default: $XDG_DATA_HOME/importpatch/work)")
+                   help="the folder that holds the work folders of conflicts, DIR/NAME "
+                        "(default: $XDG_DATA_HOME/importpatch/work)")
     f.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     f.add_argument("--force", action="store_true",
                    help="write over existing patch files and unsaved conflict work")
@@ -1682,7 +1688,8 @@ def parser() -> argparse.ArgumentParser:
                    help="prune: also remove what was not used for DAYS days")
     k.add_argument("--releases", action="store_true",
                    help="clear: also remove the downloaded release artifacts (kept otherwise)")
-    work_help = "work folder (default: $XDG_DATA_HOME/importpatch/work, ~/.local/share/...)"
+    work_help = ("the folder that holds the work folders: a patch NAME's is DIR/NAME (default: "
+                 "$XDG_DATA_HOME/importpatch/work, ~/.local/share/...)")
     e = command("edit", cmd_edit, "copy modules' source to a work folder, to make a diff patch")
     e.add_argument("modules", nargs="*", metavar="MODULE",
                    help="dotted module names (with --name of an existing diff patch: default "
