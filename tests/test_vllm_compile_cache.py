@@ -33,7 +33,7 @@ import pytest
 from conftest import ROOT, clean_env, missing
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from compile_cache_sequence import WRAP, problems, run_sequence  # noqa: E402 (shared)
+from compile_cache_sequence import SCHEDULER, WRAP, problems, run_sequence  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm, pytest.mark.slow,
@@ -97,6 +97,25 @@ def test_turning_patches_off_and_on_again_reuses_each_sets_artifact_no_needless_
     assert off_again["tokens"] == runs["off"]["tokens"]
     assert again["loaded"] == runs["edited"]["saved"] and not again["saved"]
     assert again["tokens"] == runs["fresh edited"]["tokens"]
+
+
+def test_turning_a_scheduler_and_sampler_patch_on_loads_the_artifact_of_the_model_patches(
+    runs: dict[str, Any]
+) -> None:
+    """Code no compiled model runs is left out of the key (vllm_compile.counts): the same
+    model patches with a wrap of ``Scheduler.schedule`` and ``Sampler.forward`` added load the
+    artifact compiled without it. One process (the scheduler, the sampler and the compile in
+    it), so the key was computed where the wrap applied and left it out knowingly."""
+    run, edited = runs["edited + scheduler"], runs["edited"]
+    assert run["loaded"] == edited["saved"] and not run["saved"], "compiled again needlessly"
+    assert run["tokens"] == runs["fresh edited"]["tokens"]
+    applied = {(pid, target) for pid, patch, target in run["applied"] if patch == "sched-trace"}
+    assert {t for _, t in applied} == {"vllm.v1.core.sched.scheduler:Scheduler.schedule",
+                                       "vllm.v1.sample.sampler:Sampler.forward"}, run["applied"]
+    (pid, key), *_ = run["keys"]
+    assert pid in {p for p, _ in applied}
+    assert "sched-trace=" not in key and "no compiled model runs them: sched-trace" in key, key
+    assert key.split(":")[0] == edited["keys"][0][1].split(":")[0]  # the same key
 
 
 def test_vllms_other_compile_cache_is_keyed_by_the_same_compile_factors(
@@ -173,6 +192,7 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
 ) -> None:
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "layer_scale.py").write_text(WRAP)
+    (tmp_path / "p" / "sched_trace.py").write_text(SCHEDULER)
     base = {"IMPORTPATCH_PATH": str(tmp_path / "p"), "IMPORTPATCH_ENABLE": "layer-scale",
             "IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache")}
 
@@ -190,6 +210,13 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
     assert off["vllm_compile_cache_key"]["keyed"] is False
     assert any("vllm-compile-cache-key is off while patches are on" in w
                for w in off["warnings"]), off["warnings"]
+    # a patch no compiled model runs is left out: named, not keyed, no warning with the key off
+    both = doctor(IMPORTPATCH_ENABLE="layer-scale,sched-trace")
+    assert both["vllm_compile_cache_key"]["factor"] == on["vllm_compile_cache_key"]["factor"]
+    assert "no compiled model runs them: sched-trace" in both["vllm_compile_cache_key"]["says"]
+    alone = doctor(IMPORTPATCH_ENABLE="sched-trace", IMPORTPATCH_DISABLE="vllm-compile-cache-key")
+    assert alone["vllm_compile_cache_key"]["factor"] is None
+    assert not any("vllm-compile-cache-key is off" in w for w in alone["warnings"])
     # status, over the events of the run that turned the wrap on: the key, in the process that
     # compiled (the spawned Worker)
     events = runs["wrap"]["events_dir"]
