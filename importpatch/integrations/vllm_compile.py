@@ -49,7 +49,9 @@ The list is an allow-list of modules known never traced (vLLM >= 0.12, where the
 applies), checked against vLLM 0.32's source: none of them has a ``@support_torch_compile`` class
 or is called from a model's ``forward``; the sampler's own ``torch.compile``'d helpers
 (``vllm.v1.sample.ops``) are keyed by torch's caches on their graph. A module missing from it
-costs a recompile, never a wrong model: add one only with that proof.
+costs a recompile, never a wrong model: add one only with that proof. The rule assumes that a
+patch changes what it declares: a wrap of the scheduler whose body assigns into model code is
+outside it (declare that target instead).
 """
 
 from __future__ import annotations
@@ -109,8 +111,8 @@ def counts(entry: Entry) -> bool:
 
 
 def factor() -> str | None:
-    """``name=digest`` of every patch on in this process but this one, sorted, ``;``-joined;
-    None when there is none."""
+    """``name=digest`` of every patch on in this process that ``counts``, but this one, sorted,
+    ``;``-joined; None when there is none."""
     from importpatch.load.finder import installed
 
     active = installed()
