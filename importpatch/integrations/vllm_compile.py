@@ -31,8 +31,29 @@ What a patch's digest covers (invariant: equal digests mean equal code, in every
 - a patch that failed or was skipped in this process so far counts as such (``!failed``), not as
   the code it would have added: the artifact then records the model as it ran; one whose version
   requirement does not hold here is not counted (it changes nothing).
-Patches are counted when they are on, whether or not their targets are imported yet: which
-modules a compiled model reaches is not known before it is traced.
+Patches are counted when they are on, whether or not their targets are imported yet.
+
+Which patches are counted (``counts``): exactly those whose code a compiled model can run. A
+patch is left out of the key only when every module its operations name (each candidate of an
+``"a|b"`` target) is in ``NEVER_COMPILED`` or under one of its packages: vLLM code that runs as
+plain Python outside every ``@support_torch_compile`` forward, and whose changes reach the
+compiled graph, if at all, only through the config, whose hash vLLM keys the artifact with
+already. Turning such a patch on or off keeps the key: the artifact is loaded again. Everything
+else counts, the undecidable cases included (the invariant: never an artifact compiled without a
+patch that it could run):
+- a module not in the list (model code, layers, attention, kernels, custom ops, the compiler,
+  the config, the platform, the worker and its model runner, ``torch``, ``transformers``, any
+  other package);
+- a patch that names no target, whose declaration is broken or unsure, or that has an
+  ``after_import`` hook (its function runs any code, not a change of what it names);
+- a source diff or transform counts like any operation, by the module it changes.
+The list is an allow-list of modules known never traced (vLLM >= 0.12, where the patch
+applies), checked against vLLM 0.32's source: none of them has a ``@support_torch_compile`` class
+or is called from a model's ``forward``; the sampler's own ``torch.compile``'d helpers
+(``vllm.v1.sample.ops``) are keyed by torch's caches on their graph. A module missing from it
+costs a recompile, never a wrong model: add one only with that proof. The rule assumes that a
+patch changes what it declares: a wrap of the scheduler whose body assigns into model code is
+outside it (declare that target instead).
 """
 
 from __future__ import annotations
@@ -50,10 +71,50 @@ NAME = "vllm-compile-cache-key"  # the built-in patch that adds the factor (patc
 FACTOR = "IMPORTPATCH_PATCHES"
 _recorded: set[str] = set()
 
+# Modules (and the packages under them) whose code no compiled model runs: plain Python in the
+# driver, the API server or the EngineCore, or in the Worker after the compiled forward. The
+# rule and the proof each needs: module docstring; docs/triton.md lists them with the reason.
+NEVER_COMPILED = (
+    "vllm.entrypoints",  # LLM, the OpenAI API server, the CLI
+    "vllm.engine",  # EngineArgs (builds the config: its hash is in the key), engine front ends
+    "vllm.v1.engine",  # EngineCore, AsyncLLM, input and output processing, the detokenizer
+    "vllm.v1.core",  # the scheduler, the KV-cache manager, the block pool
+    "vllm.v1.sample",  # the sampler, logits processors: they run on the logits of the forward
+    "vllm.v1.structured_output",  # grammars and their bitmasks (applied to the logits)
+    "vllm.v1.metrics",  # stats loggers, Prometheus
+    "vllm.tokenizers",  # tokenizers and detokenizing (vLLM >= 0.13)
+    "vllm.transformers_utils.tokenizer",  # the same before 0.13
+    "vllm.transformers_utils.tokenizer_base",
+    "vllm.transformers_utils.detokenizer_utils",
+    "vllm.reasoning",  # the API server's reasoning parsers
+    "vllm.tool_parsers",  # the API server's tool-call parsers
+    "vllm.sampling_params",  # SamplingParams (the sampler reads it)
+    "vllm.outputs",  # RequestOutput
+    "vllm.usage",  # usage statistics
+    "vllm.snapshot",  # the `vllm snapshot` command's host runtime (only its CLI imports it)
+)
+_UNBOUNDED_KINDS = ("after_import",)  # its function runs any code: not a change of what it names
+
+
+def never_compiled(module: str) -> bool:
+    """Whether ``module`` is in ``NEVER_COMPILED`` or under one of its packages."""
+    return any(module == m or module.startswith(m + ".") for m in NEVER_COMPILED)
+
+
+def counts(entry: Entry) -> bool:
+    """Whether ``entry``'s patch can change code that a compiled model runs, so that it must be
+    in the key (the rule: module docstring). True wherever that cannot be decided."""
+    modules = [m for group in (entry.modules or ()) for m in group]
+    if entry.error or entry.unsure or not modules:
+        return True
+    if any(kind in _UNBOUNDED_KINDS for kind in entry.kinds or ()):
+        return True
+    return not all(map(never_compiled, modules))
+
 
 def factor() -> str | None:
-    """``name=digest`` of every patch on in this process but this one, sorted, ``;``-joined;
-    None when there is none."""
+    """``name=digest`` of every patch on in this process that ``counts``, but this one, sorted,
+    ``;``-joined; None when there is none."""
     from importpatch.load.finder import installed
 
     active = installed()
@@ -61,12 +122,26 @@ def factor() -> str | None:
         return None
     from importpatch import versions
 
-    entries = [e for e in active.entries if e.name != NAME and versions.check(e.requires)[0]]
+    entries = [e for e in active.entries
+               if e.name != NAME and versions.check(e.requires)[0] and counts(e)]
     if not entries:
         return None
     bad = _failed_here()
     return ";".join(f"{e.name}={'!failed' if e.name in bad else entry_digest(e)}"
                     for e in sorted(entries, key=lambda e: e.name))
+
+
+def left_out() -> list[str]:
+    """Names of the patches on in this process that the key leaves out (``counts``), sorted."""
+    from importpatch.load.finder import installed
+
+    active = installed()
+    if active is None:
+        return []
+    from importpatch import versions
+
+    return sorted(e.name for e in active.entries
+                  if e.name != NAME and versions.check(e.requires)[0] and not counts(e))
 
 
 def with_factor(factors: dict[str, object]) -> dict[str, object]:
@@ -81,8 +156,10 @@ def with_factor(factors: dict[str, object]) -> dict[str, object]:
         from importpatch import events
 
         key = hashlib.sha256(value.encode()).hexdigest()[:12]
+        outside = left_out()
+        note = f" (left out, no compiled model runs them: {', '.join(outside)})" if outside else ""
         events.record("info", NAME, "vllm.envs:compile_factors", "compile-cache-key",
-                      f"compile cache key {key}: {FACTOR}={value}", level=20)
+                      f"compile cache key {key}: {FACTOR}={value}{note}", level=20)
     return factors
 
 
@@ -188,4 +265,5 @@ def _failed_here() -> set[str]:
 def described(entries: Iterable[Entry]) -> str:
     """The factor ``entries`` (the patches on) give, for ``importpatch doctor``."""
     return ";".join(f"{e.name}={entry_digest(e)}"
-                    for e in sorted(entries, key=lambda e: e.name) if e.name != NAME)
+                    for e in sorted(entries, key=lambda e: e.name)
+                    if e.name != NAME and counts(e))

