@@ -11,7 +11,10 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
   request (in tests/test_vllm_e2e.py's one `vllm serve`, beside the shipped patch it runs)
 - patches/priority.py, engine_start.py, page_size.py, kv_specs.py (writing-patches): LLM().generate
   (EngineCore, Worker)
+- patches/fp32_head.py (writing-patches, loggers): LLM().generate (its line in the EngineCore)
 - patches/fields.py + mypkg/ (writing-patches): python -c (a child)
+- patches/my_kernels.py + mypkg/kernels.py, layers.py + myplugin/ (writing-patches, redirect):
+  python -c (a child), on and off
 - patches/my_model.py + mymodels/ (writing-patches, after_import): LLM().generate of a model of
   that architecture (main process, EngineCore, Worker), and the same without the patch
 - patches/my_reasoner.py + myparsers/ + reason.py (writing-patches, after_import): its script,
@@ -44,8 +47,9 @@ PATCHES = EXAMPLES / "patches"
 GENERATE = ROOT / "demo" / "generate.py"
 # Every example patch of docs/examples/patches, by the name it declares: each is switched on in
 # one of the runs below (test_every_example_patch_is_run_here checks the list is complete).
-IN_LLM = ["hello-sampler", "my-priority", "my-engine-start", "my-kv-specs", "my-page-size"]
-IN_CHILD = ["my-fields"]
+IN_LLM = ["hello-sampler", "my-priority", "my-engine-start", "my-kv-specs", "my-page-size",
+          "fp32-head"]
+IN_CHILD = ["my-fields", "my-kernels"]
 # Run by a LLM().generate of their own (a model whose architecture they register).
 OWN_LLM = ["my-model", "my-reasoner"]
 # Run by tests/test_vllm_e2e.py's one `vllm serve` (a chat request with tools), and refused
@@ -203,6 +207,17 @@ def test_declaring_a_patch_example_orders_by_priority_and_each_operation_lands(
     assert any(t == "vllm.v1.sample.sampler" and pid == worker for t, _, pid in mine), mine
     # vllm/v1/engine/core.py calls its by-name copy of the resolver: the wrap prints there
     assert re.search(r"^KV cache block sizes \(\d+, \d+\)$", llm_run["out"], re.M)
+
+
+@pytest.mark.vllm
+def test_logger_example_prints_through_vllm_s_logging_in_the_engine_core(llm_run: dict) -> None:
+    # writing-patches, "Logging from a patch": `(EngineCore pid=N) WARNING ... [fp32_head.py:11]
+    # fp32 lm_head ENABLED` in the EngineCore (vLLM's handler and format, not a bare line)
+    lines = [line for line in llm_run["out"].splitlines()
+             if line.endswith("[fp32_head.py:11] fp32 lm_head ENABLED")]
+    (engine_core,) = llm_run["engine_core"]
+    assert any(line.startswith(f"(EngineCore pid={engine_core}) WARNING ") for line in lines), \
+        [line for line in llm_run["out"].splitlines() if "fp32" in line]
 
 
 @pytest.mark.vllm
@@ -385,6 +400,20 @@ def _normal(block: str) -> str:
     """A sample with its pids and host name left out (they differ every run)."""
     block = re.sub(r"\b(pid|parent) \d+", r"\1 N", block)
     return re.sub(r"(\(parent N\)| N) on \S+", r"\1 on HOST", block).strip()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_redirect_example_in_a_child_process(tmp_path: Path, on: bool) -> None:
+    # writing-patches: the command the page gives, with my-kernels on and off
+    code = ("from mypkg.layers import norm; import mypkg.kernels as k\n"
+            "print(norm([3.0, 4.0])[0], k.__name__)")
+    extra = {"IMPORTPATCH_ENABLE": "my-kernels"} if on else {}
+    env = env_for(tmp_path, PYTHONPATH=str(EXAMPLES), **extra)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = "my-device myplugin.kernels" if on else "reference mypkg.kernels"
+    assert proc.stdout.splitlines()[-1] == expected, proc.stdout
 
 
 @pytest.mark.vllm

@@ -1,0 +1,1 @@
+"""A plugin that brings its own version of a whole module of mypkg."""
