@@ -36,9 +36,18 @@ def test_init_logger_of_dunder_name_prints_through_vllm_s_logging(tmp_path: Path
     env = clean_env({"IMPORTPATCH_PATH": str(folder), "IMPORTPATCH_ENABLE": "fp32-head",
                      "IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"),
                      "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "NO_COLOR": "1"})
+    # vLLM 0.32 applies its logging configuration where its entry points start (LLM(), `vllm
+    # serve`, the EngineCore), not at `import vllm.logger`: the child applies it the same way
+    # before it imports the sampler (docs/examples/patches/fp32_head.py shows the line under a
+    # real LLM().generate, tests/test_docs_examples.py).
+    code = ("import logging\n"
+            "from vllm.config.logging import LoggingConfig\n"
+            "from vllm.logger import configure_logging\n"
+            "configure_logging(LoggingConfig())\n"
+            "import vllm.v1.sample.sampler\n"
+            "print('name', logging.getLogger('vllm.importpatch.fp32_head').parent.name)\n")
     proc = subprocess.run(
-        [sys.executable, "-c", "import logging, vllm.v1.sample.sampler; "
-         "print('name', logging.getLogger('vllm.importpatch.fp32_head').parent.name)"],
+        [sys.executable, "-c", code],
         env=env, capture_output=True, text=True, timeout=300, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
