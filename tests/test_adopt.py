@@ -205,3 +205,19 @@ def test_the_compile_cache_digest_counts_the_adopted_function_s_file(lab: Lab) -
     edited = textwrap.dedent(TARGET["teampatches/vllm_like.py"]) + "# edited\n"
     lab.target({"teampatches/vllm_like.py": edited})
     assert lab.json(code, enable="engine") != before
+
+
+def test_a_broken_adopt_file_fails_its_targets_closed_not_the_function_s_module(lab: Lab
+                                                                               ) -> None:
+    lab.patch({"broken.py": '''
+        from importpatch import Patch
+
+        patch = Patch("broken")
+        patch.adopt("teampatches.vllm_like:monkey_patch_engine", {
+            "fakepkg.core:helper": "replaced",
+        })
+        raise RuntimeError("a declaration that breaks")
+        '''})
+    target = lab.run("import fakepkg.core", enable="broken")
+    assert target.returncode != 0 and "broken" in target.stderr, target.stderr
+    lab.ok("import teampatches.vllm_like", enable="broken")  # the function's module: no target
