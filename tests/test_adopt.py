@@ -221,3 +221,15 @@ def test_a_broken_adopt_file_fails_its_targets_closed_not_the_function_s_module(
     target = lab.run("import fakepkg.core", enable="broken")
     assert target.returncode != 0 and "broken" in target.stderr, target.stderr
     lab.ok("import teampatches.vllm_like", enable="broken")  # the function's module: no target
+
+
+def test_check_warns_when_the_adopted_function_s_module_is_not_importable(lab: Lab) -> None:
+    adopt(lab, "teampatches.vllm_like:monkey_patch_engine", "--name", "engine")
+    import shutil
+
+    shutil.rmtree(lab.targets / "teampatches")
+    report = json.loads(lab.ok(["-m", "importpatch", "check", "engine", "--json"],
+                               enable="engine").stdout)
+    ops = report["patches"][0]["ops"]
+    assert {o["status"] for o in ops} == {"warn"}, ops
+    assert "module teampatches.vllm_like is not found on sys.path here" in ops[0]["detail"]

@@ -381,6 +381,17 @@ class _Checker:
         if result.status == OK:
             how = "adds" if not op.existing else "replaces or deletes"
             result.detail = f"{name} {how} it, right after {result.module} ran: {result.detail}"
+            from importpatch.load.finder import source_file
+
+            helper = name.partition(":")[0]
+            try:
+                found = source_file(helper) is not None or _findable(helper)
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                result.status = WARN
+                result.detail = (f"{name}: module {helper} is not found on sys.path here; the "
+                                 f"import of {result.module} imports it, and fails if it cannot")
 
     def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None, *,
                adding: bool | None = None) -> None:
