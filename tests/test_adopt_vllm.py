@@ -64,7 +64,9 @@ def test_adopted_art_functions_apply_in_the_importing_process_and_a_spawned_chil
     patches.mkdir()
     env = clean_env({"PYTHONPATH": str(DATA), "IMPORTPATCH_PATH": str(patches),
                      "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-                     "IMPORTPATCH_EVENTS_DIR": str(events)})
+                     "IMPORTPATCH_EVENTS_DIR": str(events),
+                     # (importpatch's own index, of every process here: not in HOME)
+                     "IMPORTPATCH_CACHE_DIR": str(tmp_path / "importpatch-cache")})
     home = Path(env["HOME"])
     before = _files(home)
     adopt = subprocess.run([sys.executable, "-m", "importpatch", "adopt", *FUNCTIONS,
