@@ -73,7 +73,10 @@ def test_adopted_art_functions_apply_in_the_importing_process_and_a_spawned_chil
                             "--name", "art-vllm", "--json"], capture_output=True, text=True,
                            env=env, cwd=tmp_path, timeout=900)
     assert adopt.returncode == 0, adopt.stderr[-3000:]
-    assert _files(home) == before  # the children wrote nothing outside their work folder
+    # the children (vLLM, torch, transformers imported there) wrote nothing outside their work
+    # folder: what is new in HOME is the adopt process's own importpatch stamps
+    new = {p.relative_to(home) for p in _files(home) - before}
+    assert {p.parts[:2] for p in new} <= {(".cache",), (".cache", "importpatch")}, new
     assert not (tmp_path / "vllm-cache").exists()
     done = json.loads(adopt.stdout)
     targets = {a["function"].partition(":")[2]: [(c["target"], c["how"]) for c in a["changes"]]
