@@ -378,6 +378,12 @@ class _Checker:
             result.detail = (f"{op.qualname} exists now ({where}): {name} was adopted where it "
                              "added it, and now replaces it")
             return
+        if result.status == WARN and result.symbol is not None and "may bind names" in \
+                result.detail:
+            # a hidden binder's risk is the definition site's; the function runs after the body
+            # either way, on what the module holds then
+            result.status = OK
+            result.detail = f"bound by the module's own code or not: {result.detail}"
         if result.status == OK:
             how = "adds" if not op.existing else "replaces or deletes"
             result.detail = f"{name} {how} it, right after {result.module} ran: {result.detail}"
