@@ -50,6 +50,60 @@ CHAIN_KINDS = (REPLACE, SUBCLASS, WRAP)  # make one target's installed object, i
 ORDERED_KINDS = (WRAP, SUBCLASS)  # stack by (order, patch name)
 
 
+# How an adopted function changes a target (Patch.adopt).
+REPLACED, ADDED, DELETED = "replaced", "added", "deleted"
+CHANGES = (REPLACED, ADDED, DELETED)
+
+
+class RunOnce:
+    """The hook of ``Patch.adopt``: calls ``function`` (``"pkg.mod:function"``, imported at its
+    first run) with no argument, once per process, from whichever of its modules' after_import
+    hooks runs first.
+
+    Invariant: the function runs at most once per successful run. The state is "running" while
+    it runs, so a module the function imports (another of its targets) finds it under way and
+    does nothing; a run that raises leaves it not run (the import that ran it fails closed, and
+    the next import of a target tries again). It does not run while another of its modules is
+    half imported (this one imported from inside that one's body): the function would meet a
+    module without the rest of its names; that module's own hook, at the end of its body, runs
+    it instead."""
+
+    __slots__ = ("function", "modules", "state", "ran_at")
+
+    def __init__(self, function: str, modules: tuple[str, ...] = ()) -> None:
+        self.function = function
+        self.modules = modules  # every module of its targets
+        self.state = ""  # "" | "running" | "done"
+        self.ran_at = ""  # the module whose import ran it
+
+    def __call__(self, module: Any) -> None:
+        if self.state:
+            return
+        here = getattr(module, "__name__", None)
+        for name in self.modules:
+            other = sys.modules.get(name) if name != here else None
+            if other is not None and getattr(getattr(other, "__spec__", None), "_initializing",
+                                             False):
+                return  # its hook runs it, once its body is done
+        import importlib
+
+        self.state = "running"
+        self.ran_at = here or ""
+        try:
+            name, _, qual = self.function.partition(":")
+            fn: Any = importlib.import_module(name)
+            for part in qual.split("."):
+                fn = getattr(fn, part)
+            fn()
+        except BaseException:
+            self.state = self.ran_at = ""
+            raise
+        self.state = "done"
+
+    def __repr__(self) -> str:
+        return f"<RunOnce {self.function} {self.state or 'not run'}>"
+
+
 # PEP 508 marker variables: a ";" part of a requirement string that starts with one of them (or
 # a quote or parenthesis) is the environment marker of the requirement before it, not another one.
 MARKER_VARS = (
@@ -406,6 +460,38 @@ class Patch:
                 f"it, and importing it would import {inside[0]} first: redirect to a module "
                 "outside it")
         self.ops.append(Op(self, REDIRECT, modules, obj=to))
+
+    def adopt(self, function: str, changes: dict[str, str]) -> RunOnce:
+        """Run an existing monkeypatch function, ``"pkg.mod:function"``, unchanged (imported
+        only when it runs), once per process, right after the first of the modules it changes
+        is imported, before that import returns (an ``after_import`` on each of them: the
+        first to be imported runs it, the others find it done). ``changes`` maps each target
+        it changes, ``"pkg.mod:Qual.name"``, to how: ``"replaced"``, ``"added"`` or
+        ``"deleted"`` (``importpatch adopt`` finds them by running the function); they are the
+        patch's declared targets, which ``check``, ``pin``, ``list`` and ``status`` show.
+
+            patch.adopt("myproj.vllm_patches:monkey_patch_sampler", {
+                "vllm.v1.sample.sampler:Sampler.forward": "replaced"})
+        """
+        module, sep, qual = str(function).partition(":")
+        if not sep or not all(p.isidentifier() for p in (*module.split("."), *qual.split("."))):
+            raise DeclarationError(f"patch {self.name}: adopt({function!r}): give the function "
+                                   "as 'package.module:function'")
+        if not changes:
+            raise DeclarationError(f"patch {self.name}: adopt({function!r}) names no target it "
+                                   "changes ('importpatch adopt' finds them)")
+        runner = RunOnce(function, tuple(dict.fromkeys(
+            m for target in changes for m in parse_target(target)[0])))
+        for target, how in changes.items():
+            if how not in CHANGES:
+                raise DeclarationError(f"patch {self.name}: adopt {target}: {how!r} is not one "
+                                       f"of {', '.join(CHANGES)}")
+            modules, target_qual = parse_target(target)
+            # existing: the attribute is there before the function runs (pinned on itself);
+            # an added one is pinned on the class it goes into.
+            self.ops.append(Op(self, AFTER_IMPORT, modules, target_qual, runner,
+                               existing=how != ADDED))
+        return runner
 
     # -- Code changes applied before the module is compiled ------------------------------------
 

@@ -213,7 +213,7 @@ def _of_python(text: str) -> Stated:
     attributed: set[tuple[str, ...]] = set()
     for call in calls:
         func = call.func
-        if not (isinstance(func, ast.Attribute) and func.attr in (*_OP_METHODS, "diff")):
+        if not (isinstance(func, ast.Attribute) and func.attr in (*_OP_METHODS, "diff", "adopt")):
             continue
         first = literal(call.args[0]) if call.args else None
         if func.attr == "after_import" and len(call.args) > 1:
@@ -224,6 +224,18 @@ def _of_python(text: str) -> Stated:
             to = literal(call.args[1])  # the module it becomes: no target of the patch
             if to:
                 attributed.add((to,))
+        if func.attr == "adopt" and first and ":" in first:
+            # Patch.adopt("team.module:function", {"pkg.mod:Qual": "replaced", ...}): the
+            # function's module is no target; the dict's keys are
+            attributed.add(tuple(first.partition(":")[0].split("|")))
+            owner = owner_of(func.value)
+            table = call.args[1] if len(call.args) > 1 else None
+            keys = table.keys if isinstance(table, ast.Dict) else []
+            for group in filter(None, (_groups(k, module_only=False) for k in map(literal, keys)
+                                       if k)):
+                out.target(owner, group)
+                attributed.add(group)
+            continue
         if first is None:
             continue
         if func.attr == "diff":

@@ -30,6 +30,7 @@ from importpatch.discover.declare import (
     SET,
     SUBCLASS,
     WRAP,
+    RunOnce,
 )
 from importpatch.errors import PatchError
 from importpatch.rewrite.facts import Fact
@@ -487,6 +488,13 @@ class ModulePlan:
             when = {"after-import": "after its body ran, before its import returned",
                     "late": "at once: the module was imported before patching started"}.get(
                         how, "after it ran, in place")
+            if isinstance(op.obj, RunOnce):  # Patch.adopt: one event per target it changes
+                change = "adds" if not op.existing else "replaces or deletes"
+                ran = (f"ran at {self.module} {when}" if op.obj.ran_at == self.module
+                       else f"ran once in this process, at {op.obj.ran_at or 'another import'}")
+                events.record("applied", op.patch.name, f"{self.module}:{op.qualname}", how,
+                              f"adopted {name} ({change} {op.qualname}): {ran}")
+                continue
             events.record("applied", op.patch.name, self.module, how,
                           f"after_import: ran {name} on {self.module} {when}")
         return failed
@@ -787,6 +795,8 @@ def hook_name(op: Op) -> str:
     fn = op.obj
     if isinstance(fn, str):
         return fn
+    if isinstance(fn, RunOnce):
+        return fn.function
     code = getattr(fn, "__code__", None)
     if code is not None:  # a patch file's module name says nothing: its file and line do
         return f"{_name_of(fn)} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"

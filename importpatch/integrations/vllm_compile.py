@@ -183,6 +183,7 @@ def _declared_files(entry: Entry) -> list[str]:
             from importpatch.discover.folders import helper_files
 
             files += helper_files(os.path.dirname(entry.file))
+            files += _hook_files(entry.file)
         return files
     if entry.origin == "entry-point":  # "entry point NAME = module:attr"
         module = entry.source.partition("=")[2].strip().partition(":")[0]
@@ -194,6 +195,8 @@ def _declared_files(entry: Entry) -> list[str]:
     # an after_import "helper.module:function": the helper's file, found without importing it
     helpers = {op.obj.partition(":")[0] for op in ops
                if op.kind == "after_import" and isinstance(op.obj, str)}
+    helpers |= {op.obj.function.partition(":")[0] for op in ops
+                if op.kind == "after_import" and hasattr(op.obj, "function")}  # Patch.adopt
     if helpers:
         from importpatch.load.finder import source_file
 
@@ -226,6 +229,31 @@ def _redirected_files(entry: Entry) -> list[str]:
         else:
             out.append(file)
     return out
+
+
+def _hook_files(patch_file: str) -> list[str]:
+    """The files of the functions a ``.py`` patch file runs by name, ``"pkg.mod:function"``:
+    ``patch.adopt(FUNCTION, ...)`` and ``patch.after_import(MODULE, FUNCTION)``, read from its
+    text (nothing imported): their code is the patch's as much as the file's is."""
+    import ast
+
+    try:
+        tree = ast.parse(_read(patch_file))
+    except (SyntaxError, ValueError):
+        return []
+    named = set()
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+            continue
+        at = {"adopt": 0, "after_import": 1}.get(call.func.attr)
+        arg = call.args[at] if at is not None and len(call.args) > at else None
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and ":" in arg.value:
+            named.add(arg.value.partition(":")[0])
+    if not named:
+        return []
+    from importpatch.load.finder import source_file
+
+    return sorted({f for f in map(source_file, sorted(named)) if f})
 
 
 def _package_files(top: str) -> list[str]:

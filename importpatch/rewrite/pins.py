@@ -58,6 +58,15 @@ def pinned_qual(kind: str, qualname: str | None) -> str | None:
     return None
 
 
+def pin_kind(op: Any) -> str:
+    """The kind ``op`` is pinned as: an ``after_import`` that declares an attribute it changes
+    (``Patch.adopt``) as a ``set`` when the attribute is there before (replaced, deleted) and as
+    an ``add`` (the class it goes into) when the function adds it; any other op as its own."""
+    if op.kind == "after_import" and op.qualname:
+        return "set" if op.existing else "add"
+    return str(op.kind)
+
+
 def segment(lines: list[str], node: ast.stmt) -> str:
     """The text of ``node`` (with its decorators) from the module's ``lines``, dedented."""
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])

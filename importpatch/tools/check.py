@@ -357,6 +357,9 @@ class _Checker:
         from importpatch.install.activation import hook_name
 
         name = hook_name(op)
+        if op.qualname:  # Patch.adopt: a target the function changes is there (or free)
+            self.adopted(op, result, name)
+            return
         result.detail = (f"runs {name} on {result.module} right after its body, before its "
                          "import returns")
         if isinstance(op.obj, str):
@@ -390,7 +393,41 @@ class _Checker:
             result.detail = (f"redirect to {to}: module {to} is not found here, so the import of "
                              f"{result.module} would fail closed")
 
-    def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None) -> None:
+    def adopted(self, op: declare.Op, result: OpResult, name: str) -> None:
+        """A target of ``Patch.adopt``: one the function replaced or deleted is bound there (as
+        a replace's is); one it added has its class there and is free (bound now: the function
+        replaces what upstream added, a warning)."""
+        assert op.qualname is not None
+        self.symbol(op, result, adding=not op.existing)
+        if not op.existing and result.status == FAIL and "already exists" in result.detail:
+            where = result.detail.partition("(")[2].partition(")")[0]
+            result.status = WARN
+            result.detail = (f"{op.qualname} exists now ({where}): {name} was adopted where it "
+                             "added it, and now replaces it")
+            return
+        if result.status == WARN and result.symbol is not None and "may bind names" in \
+                result.detail:
+            # a hidden binder's risk is the definition site's; the function runs after the body
+            # either way, on what the module holds then
+            result.status = OK
+            result.detail = f"bound by the module's own code or not: {result.detail}"
+        if result.status == OK:
+            how = "adds" if not op.existing else "replaces or deletes"
+            result.detail = f"{name} {how} it, right after {result.module} ran: {result.detail}"
+            from importpatch.load.finder import source_file
+
+            helper = name.partition(":")[0]
+            try:
+                found = source_file(helper) is not None or _findable(helper)
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                result.status = WARN
+                result.detail = (f"{name}: module {helper} is not found on sys.path here; the "
+                                 f"import of {result.module} imports it, and fails if it cannot")
+
+    def symbol(self, op: declare.Op, result: OpResult, tree: ast.Module | None = None, *,
+               adding: bool | None = None) -> None:
         """``tree``: the module as the import analyses it, after code changes (default: the
         source as it is)."""
         from importpatch.rewrite import bindings
@@ -400,7 +437,8 @@ class _Checker:
         if tree is None:
             result.status, result.detail = FAIL, "the module's source does not parse"
             return
-        v = bindings.verdict(tree, op.qualname, add=op.kind == ADD)
+        adding = op.kind == ADD if adding is None else adding
+        v = bindings.verdict(tree, op.qualname, add=adding)
         b = v.binding
         found = v.state in (bindings.BOUND, bindings.MAYBE, bindings.REFUSED)
         result.symbol = SymbolResult(op.qualname, found, b.kind if b else None,
@@ -408,8 +446,8 @@ class _Checker:
         where = f"{b.kind} at line {b.line}" if b else ""
         why = f" ({v.why})" if v.why else ""
         owner = op.qualname.rpartition(".")[0]
-        owner_problem = _owner_problem(tree, owner) if op.kind in (ADD, SET) else None
-        if op.kind == ADD:
+        owner_problem = _owner_problem(tree, owner) if adding or op.kind == SET else None
+        if adding:
             if owner_problem:
                 result.status, result.detail = owner_problem
             elif v.state == bindings.BOUND:

@@ -521,6 +521,31 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- adopt ---------------------------------------------------------------------------------------
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from importpatch.tools import adopt
+
+    done = adopt.adopt(args.functions, name=args.name, out=args.out, dry_run=args.dry_run)
+    if args.json:
+        emit_json(done.to_json())
+        return 0
+    if args.dry_run:
+        sys.stdout.write(done.text)
+        return 0
+    lines = [f"wrote {done.out}: patch {done.name}"]
+    for a in done.functions:
+        lines.append(f"    {a.function}: runs right after the first of its modules is "
+                     f"imported; requires {'; '.join(a.requires) or '-'}")
+        lines += [f"        {c.how:8} {c.target}" for c in a.changes]
+        lines += [f"        (also {c.how} {c.target}: {c.why})" for c in a.own + a.unattributed]
+    lines.append(f"next: IMPORTPATCH_ENABLE={done.name}; 'importpatch check {done.name}', "
+                 f"'importpatch pin {done.name}'")
+    emit(lines)
+    return 0
+
+
 # -- diff ----------------------------------------------------------------------------------------
 
 
@@ -1679,6 +1704,14 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--out", metavar="PATH",
                    help="file or folder (default: the first folder of IMPORTPATCH_PATH)")
     o.add_argument("--dry-run", action="store_true", help="print the diff patch; write nothing")
+    a = command("adopt", cmd_adopt, "a monkeypatch function -> a patch that runs it unchanged "
+                "right after the modules it changes are imported, in every process")
+    a.add_argument("functions", nargs="+", metavar="MODULE:FUNCTION",
+                   help="monkeypatch functions, importable here and called with no arguments")
+    a.add_argument("--name", help="the patch's name (default: the function's name, with -)")
+    a.add_argument("--out", metavar="DIR",
+                   help="folder for NAME.py (default: the first folder of IMPORTPATCH_PATH)")
+    a.add_argument("--dry-run", action="store_true", help="print the patch file; write nothing")
     d = command("diff", cmd_diff, "the effective source diff of a diff/transform patch")
     d.add_argument("name", metavar="NAME")
     d.add_argument("--against", metavar="WHERE", help="as for check")

@@ -158,7 +158,7 @@ def pin(names: Sequence[str], against: str | None = None, *, every: bool = False
     src = source if source is not None else open_source(against)
     for patch in patches:
         path = rpins.path_of(patch)
-        pinnable = [op for op in patch.ops if rpins.pinned_qual(op.kind, op.qualname)]
+        pinnable = [op for op in patch.ops if rpins.pinned_qual(rpins.pin_kind(op), op.qualname)]
         if not pinnable:
             continue
         if path is None:
@@ -180,7 +180,7 @@ def pin(names: Sequence[str], against: str | None = None, *, every: bool = False
 
 def pin_of(op: Op, source: Source) -> rpins.Pin | str:
     """The pin of ``op``'s original in ``source``, or why there is none."""
-    qual = rpins.pinned_qual(op.kind, op.qualname)
+    qual = rpins.pinned_qual(rpins.pin_kind(op), op.qualname)
     assert qual is not None
     for module in op.modules:
         file = source.find(module)
@@ -197,9 +197,10 @@ def pin_of(op: Op, source: Source) -> rpins.Pin | str:
         dist, version = release_of(source, module)
         # An add or field goes into a class (often a large one): its pin keeps the class's digest
         # and, as its text, the names the class body binds (what an addition can clash with).
-        kept = member_list(node) if op.kind in rpins.OWNER_KINDS else text
+        kind = rpins.pin_kind(op)
+        kept = member_list(node) if kind in rpins.OWNER_KINDS else text
         # (a class bound twice: the members of its first statement, as check compares them)
-        return rpins.Pin(patch=op.patch.name, kind=op.kind, target=op.target, module=module,
+        return rpins.Pin(patch=op.patch.name, kind=kind, target=op.target, module=module,
                          qualname=qual, dist=dist, version=version, digest=rpins.digest(text),
                          source=kept)
     return f"{op.target}: {qual} is not bound in {source.label}"
@@ -266,7 +267,7 @@ def drift_of(op: Op, module: str | None, file: str | None, source: Source,
              pins: dict[tuple[str, str], rpins.Pin], pin_file: str = "") -> Drift | None:
     """``op``'s drift in ``source`` (``module``/``file``: where check found its module, None when
     it did not); None for an operation that is not pinned by kind (diff, transform)."""
-    qual = rpins.pinned_qual(op.kind, op.qualname)
+    qual = rpins.pinned_qual(rpins.pin_kind(op), op.qualname)
     if qual is None:
         return None
     pin = next((p for m in ((module,) if module else ()) + op.modules
@@ -653,7 +654,7 @@ def file_rel(module: str, file: str) -> str:
 
 def _pin_for(patch: Any, op: Op) -> rpins.Pin | None:
     path = rpins.path_of(patch)
-    qual = rpins.pinned_qual(op.kind, op.qualname)
+    qual = rpins.pinned_qual(rpins.pin_kind(op), op.qualname)
     pins = [p for p in read(path) if p.patch == patch.name] if path else []
     return next((p for p in pins if p.qualname == qual and p.module in op.modules), None)
 
