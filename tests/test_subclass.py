@@ -278,7 +278,7 @@ def test_a_late_subclass_or_replace_that_would_reorder_the_chain_is_refused_whol
         '''
     size, failed = lab.json(code.replace("sys.argv[1]", '"s"'), enable="w")
     assert size == 16 and len(failed) == 1
-    assert "the subclass of Spec goes inside the wrap of 'w'" in failed[0]
+    assert "the subclass of Spec by 's' goes inside the wrap of 'w'" in failed[0]
     size, failed = lab.json(code.replace("sys.argv[1]", '"r"'), enable="s")
     assert size == 32 and len(failed) == 1
     assert "Spec is already subclassed by 's'" in failed[0]

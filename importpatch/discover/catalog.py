@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import marshal
 import os
-import re
 import stat
 import sys
 import time
@@ -841,9 +840,21 @@ FAMILY = "importpatch"  # <package>.importpatch.<stem>: a patch file's module na
 # The first target of a patch file, written as the literal first argument of an operation:
 # `.wrap("vllm.v1...:X"`, `.after_import('vllm.reasoning'` (its top-level package). A regular
 # expression, not a parse: it runs in every process that executes the file (~microseconds).
-_FIRST_TARGET = re.compile(
+# Compiled at the first patch file executed, not at this module's import: a start that reads
+# its index executes no patch file, and `re` (with enum, functools, collections) stays unloaded.
+_FIRST_TARGET_PATTERN = (
     r"""\.(?:replace|wrap|add|subclass|field|transform|after_import|redirect)\(\s*"""
     r"""(?:target\s*=\s*|module\s*=\s*)?[rR]?["']([A-Za-z_]\w*)[.:|"']""")
+_first_target: Any = None
+
+
+def _first_target_regex() -> Any:
+    global _first_target
+    if _first_target is None:
+        import re
+
+        _first_target = re.compile(_FIRST_TARGET_PATTERN)
+    return _first_target
 
 
 def family_name(file: str, stem: str) -> str | None:
@@ -857,7 +868,7 @@ def family_name(file: str, stem: str) -> str | None:
     top = ""
     try:
         with open(file, encoding="utf-8", errors="replace") as f:
-            found = _FIRST_TARGET.search(f.read(1 << 16))  # (near the top, as a rule)
+            found = _first_target_regex().search(f.read(1 << 16))  # (near the top, as a rule)
     except OSError:
         found = None
     if found is not None:
