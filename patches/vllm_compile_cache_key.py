@@ -4,9 +4,8 @@ What:   wraps ``vllm.envs.compile_factors`` (the environment's part of the key o
         caches: the AOT artifact, ``torch_compile_cache/torch_aot_compile/<hash>``, and the
         Inductor cache of ``VLLM_USE_AOT_COMPILE=0``, ``torch_compile_cache/<hash>``) to add one
         factor, ``IMPORTPATCH_PATCHES``: the name and a digest of the code of every other patch on
-        in the process that a compiled model can run (``importpatch/integrations/vllm_compile.py``:
-        one whose targets are all code no compiled model runs, the scheduler, the sampler, the
-        API server, is left out). With no such patch on it adds nothing: the key is vLLM's own.
+        in the process (``importpatch/integrations/vllm_compile.py``). With no other patch on it
+        adds nothing: the key is vLLM's own.
 Why:    the key knew nothing of importpatch, and vLLM's check of the traced source re-reads only
         the files an artifact recorded, from disk: a run with a patch turned on, edited or added
         loaded the artifact compiled without it ("Directly load AOT compilation") and ran the
