@@ -11,7 +11,7 @@ also rides in tests/test_vllm_e2e.py's one ``vllm serve``; the rest are plain ch
   request (in tests/test_vllm_e2e.py's one `vllm serve`, beside the shipped patch it runs)
 - patches/priority.py, engine_start.py, page_size.py, kv_specs.py (writing-patches): LLM().generate
   (EngineCore, Worker)
-- patches/fp32_head.py (writing-patches, loggers): LLM().generate (its line in the EngineCore)
+- patches/fp32_head.py (writing-patches, loggers): LLM().generate (its line in the Worker)
 - patches/fields.py + mypkg/ (writing-patches): python -c (a child)
 - patches/my_kernels.py + mypkg/kernels.py, layers.py + myplugin/ (writing-patches, redirect):
   python -c (a child), on and off
@@ -210,13 +210,14 @@ def test_declaring_a_patch_example_orders_by_priority_and_each_operation_lands(
 
 
 @pytest.mark.vllm
-def test_logger_example_prints_through_vllm_s_logging_in_the_engine_core(llm_run: dict) -> None:
-    # writing-patches, "Logging from a patch": `(EngineCore pid=N) WARNING ... [fp32_head.py:11]
-    # fp32 lm_head ENABLED` in the EngineCore (vLLM's handler and format, not a bare line)
+def test_logger_example_prints_through_vllm_s_logging_in_the_worker(llm_run: dict) -> None:
+    # writing-patches, "Logging from a patch": `(VllmWorker-0 pid=N) WARNING ...
+    # [fp32_head.py:11] fp32 lm_head ENABLED` in the Worker, the process that imports the sampler
+    # (vLLM's handler and format, not a bare line)
     lines = [line for line in llm_run["out"].splitlines()
              if line.endswith("[fp32_head.py:11] fp32 lm_head ENABLED")]
-    (engine_core,) = llm_run["engine_core"]
-    assert any(line.startswith(f"(EngineCore pid={engine_core}) WARNING ") for line in lines), \
+    (worker,) = llm_run["worker"]
+    assert any(line.startswith(f"(VllmWorker-0 pid={worker}) WARNING ") for line in lines), \
         [line for line in llm_run["out"].splitlines() if "fp32" in line]
 
 
