@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env
+import test_convert_copies as convert_tests
 from test_convert_copies import NEW, OLD, run_cli
-
-from importpatch.tools import releases
 
 SAMPLER = "vllm/v1/sample/sampler.py"
 RETIRE = "upstream has this change: retire the patch"
@@ -88,20 +85,9 @@ def get_grammar_bitmask(self, scheduler_output):
 '''
 
 
-@pytest.fixture(scope="module")
-def wheels(request: pytest.FixtureRequest) -> dict[str, str]:
-    """The two wheels (tests/test_rebase.py's fixture: the same folder, fetched once)."""
-    folder = os.environ.get("IP_TESTS_RELEASES") or str(request.config.cache.mkdir("releases"))
-    return {spec: releases.fetch(spec, folder, quiet=True) for spec in (OLD, NEW)}
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    return clean_env({"IMPORTPATCH_CACHE_DIR": str(tmp_path / "cache"),
-                      "XDG_DATA_HOME": str(tmp_path / "data"),
-                      "IMPORTPATCH_PATH": str(patches), "NO_COLOR": "1"})
+# The fixtures of the convert tests: the two releases (fetched once) and a CLI environment.
+wheels = convert_tests.wheels
+env = convert_tests.env
 
 
 def checked(name: str, wheel: str, env: dict[str, str]) -> dict[str, Any]:
